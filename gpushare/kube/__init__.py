@@ -1,0 +1,1 @@
+"""Adapters between the official kubernetes client and the pure core."""

@@ -1,0 +1,61 @@
+"""Turn kubernetes client objects (or their JSON dicts) into the core's ``PodInfo`` and ``NodeInfo``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpushare.contract import ContainerInfo, NodeInfo, PodInfo
+
+
+def _get(obj: Any, snake: str, camel: str | None = None) -> Any:
+    """Read a field from a client model object or from its JSON dict form."""
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(camel or snake)
+    return getattr(obj, snake, None)
+
+
+def _strs(mapping: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (mapping or {}).items()}
+
+
+def _container(c: Any) -> ContainerInfo:
+    resources = _get(c, "resources")
+    return ContainerInfo(name=str(_get(c, "name")), limits=_strs(_get(resources, "limits")),
+                         requests=_strs(_get(resources, "requests")))
+
+
+def pod_info(pod: Any) -> PodInfo:
+    meta = _get(pod, "metadata")
+    spec = _get(pod, "spec")
+    status = _get(pod, "status")
+    return PodInfo(
+        namespace=str(_get(meta, "namespace") or "default"),
+        name=str(_get(meta, "name")),
+        uid=str(_get(meta, "uid") or ""),
+        node_name=_get(spec, "node_name", "nodeName"),
+        phase=str(_get(status, "phase") or "Pending"),
+        deleting=_get(meta, "deletion_timestamp", "deletionTimestamp") is not None,
+        resource_version=str(_get(meta, "resource_version", "resourceVersion") or ""),
+        annotations=_strs(_get(meta, "annotations")),
+        labels=_strs(_get(meta, "labels")),
+        containers=tuple(_container(c) for c in _get(spec, "containers") or ()),
+        init_containers=tuple(_container(c) for c in _get(spec, "init_containers", "initContainers") or ()),
+    )
+
+
+def node_info(node: Any) -> NodeInfo:
+    meta = _get(node, "metadata")
+    status = _get(node, "status")
+    addresses = tuple(str(_get(a, "address")) for a in _get(status, "addresses") or ()
+                      if _get(a, "type") == "InternalIP")
+    return NodeInfo(
+        name=str(_get(meta, "name")),
+        labels=_strs(_get(meta, "labels")),
+        annotations=_strs(_get(meta, "annotations")),
+        capacity=_strs(_get(status, "capacity")),
+        allocatable=_strs(_get(status, "allocatable")),
+        addresses=addresses,
+    )

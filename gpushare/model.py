@@ -1,0 +1,251 @@
+"""The cluster model: nodes, their GPUs, and which pods hold how much of each.
+
+Pure data and arithmetic. The extender's cache, the CLI and the trace replay all build these objects and
+hand them to the policies, so one set of rules decides what fits everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from gpushare.contract import (
+    ANN_NODE_INVENTORY,
+    RESOURCE_GPU_COUNT,
+    RESOURCE_GPU_MEM,
+    Assignment,
+    MemoryUnit,
+    NodeInfo,
+    PodInfo,
+    PodRequest,
+    RequestError,
+    decode_inventory,
+    host_requests,
+    read_assignment,
+)
+from gpushare.quantity import QuantityError, to_int, to_mib, to_milli
+
+# Labels that GPU feature discovery and Aliyun's node pools put on nodes, read when no inventory exists.
+MODEL_LABELS = ("nvidia.com/gpu.product", "aliyun.accelerator/nvidia_name")
+
+# HAMi's pair scores when the plugin published no topology: same NUMA node, or across CPUs.
+SAME_NUMA_SCORE = 20
+CROSS_NUMA_SCORE = 10
+
+
+@dataclass(slots=True)
+class GPU:
+    index: int
+    model: str
+    total: int
+    used: int = 0
+    compute_used: int = 0
+    holders: int = 0
+    exclusive: bool = False
+    healthy: bool = True
+    numa: int | None = None
+    links: Mapping[int, int] = field(default_factory=dict)
+    uuid: str = ""
+
+    @property
+    def free(self) -> int:
+        """Memory another pod could still get; an exclusively held or unhealthy GPU offers none."""
+        if self.exclusive or not self.healthy:
+            return 0
+        return max(self.total - self.used, 0)
+
+    def can_host(self, request: PodRequest) -> bool:
+        if not self.healthy or self.exclusive or not request.models.accepts(self.model):
+            return False
+        if request.exclusive:
+            return self.holders == 0 and self.used == 0
+        return self.total - self.used >= request.per_gpu and self.compute_used + request.compute_percent <= 100
+
+    def pair_score(self, other: GPU) -> int:
+        """HAMi's topology score for running one pod across these two GPUs."""
+        if other.index in self.links:
+            return self.links[other.index]
+        if self.numa is not None and self.numa == other.numa:
+            return SAME_NUMA_SCORE
+        return CROSS_NUMA_SCORE
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    gpu_indices: tuple[int, ...]
+    per_gpu: int
+    compute_percent: int = 0
+    exclusive: bool = False
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+
+@dataclass(slots=True)
+class Node:
+    name: str
+    gpus: list[GPU]
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    cpu_used: int = 0
+    memory_used: int = 0
+    placements: dict[str, Placement] = field(default_factory=dict)
+
+    def gpu(self, index: int) -> GPU | None:
+        for gpu in self.gpus:
+            if gpu.index == index:
+                return gpu
+        return None
+
+    def fits_host_resources(self, request: PodRequest) -> bool:
+        """CPU and memory, checked only where the node's capacity is known."""
+        if self.cpu_milli and self.cpu_used + request.cpu_milli > self.cpu_milli:
+            return False
+        return not (self.memory_mib and self.memory_used + request.memory_mib > self.memory_mib)
+
+    def hosts(self, request: PodRequest) -> list[GPU]:
+        return [g for g in self.gpus if g.can_host(request)]
+
+    def fits(self, request: PodRequest) -> bool:
+        return self.fits_host_resources(request) and len(self.hosts(request)) >= request.gpu_count
+
+    def place(self, pod_key: str, request: PodRequest, gpu_indices: Iterable[int]) -> Placement:
+        """Account a pod on the given GPUs; raise ``ValueError`` if that would overcommit any of them."""
+        placement = Placement(tuple(gpu_indices), request.per_gpu, request.compute_percent, request.exclusive,
+                              request.cpu_milli, request.memory_mib)
+        self.add(pod_key, placement, strict=True)
+        return placement
+
+    def add(self, pod_key: str, placement: Placement, strict: bool = False) -> None:
+        """Account a placement. With ``strict`` the GPUs must have room; rebuilding from annotations is lax
+        because what the API already holds must be counted even if it overcommits."""
+        if pod_key in self.placements:
+            self.remove(pod_key)
+        gpus = [self.gpu(i) for i in placement.gpu_indices]
+        if strict:
+            for index, gpu in zip(placement.gpu_indices, gpus, strict=True):
+                if gpu is None:
+                    raise ValueError(f"Node {self.name} has no GPU {index}.")
+                if (placement.exclusive and gpu.holders) or gpu.exclusive or (
+                        gpu.total - gpu.used < placement.per_gpu):
+                    raise ValueError(f"GPU {index} on node {self.name} has no room for {pod_key}.")
+        for gpu in gpus:
+            if gpu is None:
+                continue
+            gpu.used += gpu.total if placement.exclusive else placement.per_gpu
+            gpu.compute_used += placement.compute_percent
+            gpu.holders += 1
+            gpu.exclusive = gpu.exclusive or placement.exclusive
+        self.cpu_used += placement.cpu_milli
+        self.memory_used += placement.memory_mib
+        self.placements[pod_key] = placement
+
+    def remove(self, pod_key: str) -> Placement | None:
+        placement = self.placements.pop(pod_key, None)
+        if placement is None:
+            return None
+        for index in placement.gpu_indices:
+            gpu = self.gpu(index)
+            if gpu is None:
+                continue
+            gpu.used -= gpu.total if placement.exclusive else placement.per_gpu
+            gpu.compute_used -= placement.compute_percent
+            gpu.holders -= 1
+            if placement.exclusive:
+                gpu.exclusive = False
+        self.cpu_used -= placement.cpu_milli
+        self.memory_used -= placement.memory_mib
+        return placement
+
+    def unresolvable_reason(self, request: PodRequest) -> str | None:
+        """Why the pod could not run here even on an empty node, or ``None`` if it could."""
+        models = [g for g in self.gpus if request.models.accepts(g.model)]
+        if not self.gpus:
+            return f"node {self.name} has no GPUs that gpushare manages"
+        if not models:
+            have = ", ".join(sorted({g.model for g in self.gpus}))
+            return f"node {self.name} has no GPU of model {request.models.describe()} (it has {have})"
+        big = [g for g in models if g.total >= request.per_gpu]
+        if len(big) < request.gpu_count:
+            largest = max(g.total for g in models)
+            return (f"node {self.name} has {len(big)} GPU(s) with {request.per_gpu} units or more, the pod needs "
+                    f"{request.gpu_count} (its largest GPU has {largest})")
+        if self.cpu_milli and request.cpu_milli > self.cpu_milli:
+            return f"node {self.name} has only {self.cpu_milli}m CPU in all, the pod asks for {request.cpu_milli}m"
+        if self.memory_mib and request.memory_mib > self.memory_mib:
+            return f"node {self.name} has only {self.memory_mib}Mi memory in all"
+        return None
+
+    def failure_reason(self, request: PodRequest) -> str:
+        """Why the pod does not fit now; call only when ``fits`` is false."""
+        if not self.fits_host_resources(request):
+            return f"node {self.name} lacks CPU or memory for the pod"
+        hosts = len(self.hosts(request))
+        frees = ", ".join(f"GPU{g.index}:{g.free}" for g in self.gpus)
+        what = "entirely free GPU(s)" if request.exclusive else f"GPU(s) with {request.per_gpu} free units"
+        return f"node {self.name} has {hosts} {what}, the pod needs {request.gpu_count} (free: {frees})"
+
+
+def _gpus_from_capacity(node: NodeInfo, model: str) -> list[GPU]:
+    """Aliyun's rule for nodes without an inventory: every GPU gets capacity / count."""
+    try:
+        mem = to_int(node.capacity.get(RESOURCE_GPU_MEM, "0"))
+        count = to_int(node.capacity.get(RESOURCE_GPU_COUNT, "0"))
+    except QuantityError:
+        return []
+    if count <= 0 or mem <= 0:
+        return []
+    return [GPU(index=i, model=model, total=mem // count) for i in range(count)]
+
+
+def build_gpus(node: NodeInfo, unit: MemoryUnit) -> list[GPU]:
+    """The node's GPUs, from the device plugin's inventory, else from its capacity."""
+    text = node.annotations.get(ANN_NODE_INVENTORY)
+    if text:
+        try:
+            entries = decode_inventory(text)
+        except ValueError:
+            entries = ()
+        if entries:
+            return [GPU(index=e.index, model=e.model, total=unit.from_mib(e.memory_mib), healthy=e.healthy,
+                        numa=e.numa, links=dict(e.links), uuid=e.uuid) for e in entries]
+    model = next((node.labels[k] for k in MODEL_LABELS if k in node.labels), "unknown")
+    return _gpus_from_capacity(node, model)
+
+
+def _host_quantity(values: Mapping[str, str], name: str) -> int:
+    raw = values.get(name)
+    if raw is None:
+        return 0
+    try:
+        return to_milli(raw) if name == "cpu" else to_mib(raw)
+    except QuantityError:
+        return 0
+
+
+def build_node(node: NodeInfo, unit: MemoryUnit, pods: Iterable[PodInfo] = ()) -> Node:
+    """A node's model, with every active pod bound to it accounted from its annotations."""
+    state = Node(name=node.name, gpus=build_gpus(node, unit),
+                 cpu_milli=_host_quantity(node.allocatable, "cpu"),
+                 memory_mib=_host_quantity(node.allocatable, "memory"))
+    for pod in pods:
+        account_pod(state, pod)
+    return state
+
+
+def placement_of(pod: PodInfo, assignment: Assignment | None = None) -> Placement:
+    """The placement a bound pod holds, including its CPU and memory."""
+    try:
+        cpu, memory = host_requests(pod)
+    except RequestError:
+        cpu = memory = 0
+    if assignment is None:
+        return Placement((), 0, cpu_milli=cpu, memory_mib=memory)
+    return Placement(assignment.gpu_indices, assignment.per_gpu, assignment.compute_percent,
+                     assignment.exclusive, cpu, memory)
+
+
+def account_pod(node: Node, pod: PodInfo) -> None:
+    """Count an active pod bound to ``node``; pods that finished or are terminating are left out."""
+    if not pod.is_active or pod.node_name != node.name:
+        return
+    node.add(pod.key, placement_of(pod, read_assignment(pod)))

@@ -1,0 +1,29 @@
+"""Placement policies: pure functions of a node's state and a pod's request.
+
+A policy answers one question per node: can this pod run here, and if so on which GPUs and how good is
+that (``Candidate``)? The extender's prioritize turns the scores of all nodes into kube-scheduler's 0-10
+scale with ``extender_scores``; its bind asks the same policy again on the fresh state to choose the GPUs.
+The trace replay in ``bench/`` calls exactly these functions.
+"""
+
+from __future__ import annotations
+
+from gpushare.policies.base import (
+    Candidate,
+    Policy,
+    choose_node,
+    extender_scores,
+    node_priority,
+)
+from gpushare.policies.registry import DEFAULT_POLICY, make_policy, policy_names
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "Candidate",
+    "Policy",
+    "choose_node",
+    "extender_scores",
+    "make_policy",
+    "node_priority",
+    "policy_names",
+]

@@ -1,0 +1,105 @@
+"""What every policy provides, and how node scores become a decision."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Protocol
+
+from gpushare.contract import PodRequest
+from gpushare.model import GPU, Node
+
+MAX_EXTENDER_SCORE = 10
+
+# Beyond this many candidate GPU sets a multi-GPU pod's topology search keeps only the tightest GPUs.
+MAX_TOPOLOGY_COMBINATIONS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A feasible placement of a pod on one node: higher ``score`` is better."""
+
+    score: float
+    gpus: tuple[int, ...]
+
+
+class Policy(Protocol):
+    name: str
+
+    def evaluate(self, node: Node, request: PodRequest) -> Candidate | None:
+        """The best placement of ``request`` on ``node``, or ``None`` if it does not fit."""
+        ...
+
+    def observe(self, request: PodRequest) -> None:
+        """Learn from a pod the scheduler has seen (policies that model the workload use it)."""
+        ...
+
+
+def node_priority(name: str, seed: int = 0) -> int:
+    """A fixed pseudo-random priority per node and seed: how ties between equal scores are broken.
+
+    The trace replay and the extender use the same function, so both make the same choices.
+    """
+    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def choose_node(nodes: Iterable[Node], request: PodRequest, policy: Policy,
+                seed: int = 0) -> tuple[Node, Candidate] | None:
+    """The node and GPUs the policy prefers, ties broken by ``node_priority``."""
+    best: tuple[float, int, Node, Candidate] | None = None
+    for node in nodes:
+        candidate = policy.evaluate(node, request)
+        if candidate is None:
+            continue
+        key = (candidate.score, node_priority(node.name, seed))
+        if best is None or key > best[:2]:
+            best = (key[0], key[1], node, candidate)
+    return None if best is None else (best[2], best[3])
+
+
+def extender_scores(scores: dict[str, float], seed: int = 0) -> dict[str, int]:
+    """Map raw policy scores onto 0..10 so that kube-scheduler still picks the policy's favourite.
+
+    kube-scheduler sums integer scores and breaks ties at random, which would turn a fine-grained ranking
+    into a lottery among all nodes that round to 10. So only the single best node (ties broken by
+    ``node_priority``) gets 10; the others are spread over 0..9 by their raw score.
+    """
+    if not scores:
+        return {}
+    best = max(scores, key=lambda n: (scores[n], node_priority(n, seed)))
+    low, high = min(scores.values()), max(scores.values())
+    span = high - low
+    out: dict[str, int] = {}
+    for name, score in scores.items():
+        if name == best:
+            out[name] = MAX_EXTENDER_SCORE
+        elif span <= 0:
+            out[name] = MAX_EXTENDER_SCORE - 1
+        else:
+            out[name] = min(int((score - low) / span * (MAX_EXTENDER_SCORE - 1)), MAX_EXTENDER_SCORE - 1)
+    return out
+
+
+def topology_score(gpus: Sequence[GPU]) -> int:
+    """HAMi's score for a set of GPUs: the sum of its pair scores (NVLink and shared switches rank high)."""
+    return sum(a.pair_score(b) for a, b in combinations(gpus, 2))
+
+
+def pick_gpus(hosts: Sequence[GPU], count: int, order: Sequence[GPU]) -> tuple[GPU, ...]:
+    """Choose ``count`` of ``hosts``: the first in ``order`` for one GPU; for several, the best-connected
+    set, with ``order`` (the policy's preference) breaking ties."""
+    if count == 1 or len(hosts) == count:
+        return tuple(order[:count])
+    rank = {g.index: i for i, g in enumerate(order)}
+    pool = list(order)
+    total = 1
+    for i in range(count):
+        total = total * (len(pool) - i) // (i + 1)
+    if total > MAX_TOPOLOGY_COMBINATIONS:
+        pool = pool[: count + 4]
+    best = max(combinations(pool, count),
+               key=lambda s: (topology_score(s), -sum(rank[g.index] for g in s)))
+    return tuple(sorted(best, key=lambda g: rank[g.index]))
