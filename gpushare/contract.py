@@ -8,8 +8,10 @@ Request semantics (documented in the README):
 
 * ``aliyun.com/gpu-mem`` in container limits: GPU memory in the configured unit (GiB by default). The pod's
   total is the sum over its containers, as in Aliyun.
-* ``aliyun.com/gpu-count`` in container limits (optional): the number of GPUs the pod spans on one node. The
-  total memory is split evenly across them, so it must divide exactly. Absent means one GPU.
+* ``gpushare.io/gpu-count: "<N>"`` (optional): the number of GPUs the pod spans on one node. The total memory
+  is split evenly across them, so it must divide exactly. Absent means one GPU. ``aliyun.com/gpu-count`` in
+  container limits is accepted too, but Kubernetes then also counts it against the node's ``gpu-count``
+  capacity, which only suits pods that take their GPUs whole; the annotation has no such side effect.
 * ``gpushare.io/exclusive: "true"``: every chosen GPU must be entirely free and is held whole.
 * ``gpushare.io/gpu-compute: "<1..100>"``: the share of each chosen GPU's SMs the pod is guaranteed.
 * ``gpushare.io/gpu-model`` / ``gpushare.io/gpu-model-exclude``: ``|`` or ``,`` separated model names,
@@ -47,6 +49,7 @@ ANN_CONTAINER_SHARES = PREFIX + "container-shares"
 ANN_GPU_UUIDS = PREFIX + "gpu-uuids"
 ANN_EXCLUSIVE = PREFIX + "exclusive"
 ANN_COMPUTE = PREFIX + "gpu-compute"
+ANN_GPU_COUNT = PREFIX + "gpu-count"
 ANN_GPU_MODEL = PREFIX + "gpu-model"
 ANN_GPU_MODEL_EXCLUDE = PREFIX + "gpu-model-exclude"
 ANN_POLICY = PREFIX + "scheduler-policy"
@@ -228,12 +231,25 @@ def host_requests(pod: PodInfo) -> tuple[int, int]:
     return cpu, mem
 
 
+def _gpu_count(pod: PodInfo) -> int:
+    from_limits = sum(_limit(c, RESOURCE_GPU_COUNT) for c in pod.containers)
+    text = pod.annotations.get(ANN_GPU_COUNT)
+    if text is None:
+        return from_limits or 1
+    if not text.strip().isdigit() or not 1 <= int(text) <= 64:
+        raise RequestError(f"Pod {pod.key} has {ANN_GPU_COUNT}={text!r}; use a whole number of GPUs from 1 to 64.")
+    if from_limits and from_limits != int(text):
+        raise RequestError(f"Pod {pod.key} asks for {text} GPUs in {ANN_GPU_COUNT} but {from_limits} in "
+                           f"{RESOURCE_GPU_COUNT} limits; keep one of them.")
+    return int(text)
+
+
 def parse_request(pod: PodInfo) -> PodRequest:
     """Turn a pod spec into a ``PodRequest``; raise ``RequestError`` with a sentence for the user."""
     shares = {c.name: _limit(c, RESOURCE_GPU_MEM) for c in pod.containers}
     shares = {name: units for name, units in shares.items() if units > 0}
     total = sum(shares.values())
-    count = sum(_limit(c, RESOURCE_GPU_COUNT) for c in pod.containers) or 1
+    count = _gpu_count(pod)
     if total <= 0:
         raise RequestError(f"Pod {pod.key} asks for no {RESOURCE_GPU_MEM}; set it in a container's limits.")
     if total % count:

@@ -63,6 +63,8 @@ def test_request_sums_containers_and_keeps_each_share() -> None:
 def test_multi_gpu_request_splits_memory_evenly() -> None:
     request = parse_request(pod(gpu("main", "32", count="2")))
     assert (request.per_gpu, request.gpu_count) == (16, 2)
+    by_annotation = parse_request(pod(gpu("main", "24"), annotations={contract.ANN_GPU_COUNT: "3"}))
+    assert (by_annotation.per_gpu, by_annotation.gpu_count) == (8, 3)
 
 
 @pytest.mark.parametrize(("p", "message"), [
@@ -71,6 +73,8 @@ def test_multi_gpu_request_splits_memory_evenly() -> None:
     (pod(gpu("main", "two")), "is not a Kubernetes quantity"),
     (pod(gpu("main", "2"), annotations={contract.ANN_COMPUTE: "150"}), "whole percentage"),
     (pod(gpu("main", "2"), annotations={contract.ANN_POLICY: "magic"}), "placement policy 'magic'"),
+    (pod(gpu("main", "2"), annotations={contract.ANN_GPU_COUNT: "zero"}), "whole number of GPUs"),
+    (pod(gpu("main", "4", count="2"), annotations={contract.ANN_GPU_COUNT: "4"}), "keep one of them"),
 ])
 def test_bad_requests_explain_themselves(p: PodInfo, message: str) -> None:
     with pytest.raises(RequestError, match=message):

@@ -1,0 +1,239 @@
+"""The Helm chart, rendered by Helm's own engine through scripts/check_chart.sh (which also runs helm lint and
+validates every manifest against the Kubernetes 1.30 schema), then checked for what matters in production."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpushare import schedconfig
+from gpushare.schedconfig import ExtenderOptions, SchedulerOptions
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "charts" / "gpushare"
+HELM_PYTHON = ROOT / ".venv-helm" / "bin" / "python"
+EXTENDER_URL = "http://gpushare-extender.kube-system.svc:39999/gpushare-scheduler"
+
+Docs = list[dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Docs]:
+    """Every ci/ values file's manifests, by scenario name."""
+    out = tmp_path_factory.mktemp("chart")
+    result = subprocess.run([str(ROOT / "scripts" / "check_chart.sh"), str(out)], capture_output=True, text=True,
+                            timeout=600, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "chart OK" in result.stdout
+    return {d.name: [doc for f in sorted(d.glob("*.yaml")) for doc in yaml.safe_load_all(f.read_text()) if doc]
+            for d in out.iterdir()}
+
+
+def find(docs: Docs, kind: str, name: str | None = None) -> dict[str, Any]:
+    matches = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(matches) == 1, f"expected one {kind} {name or ''}, found {len(matches)}"
+    match: dict[str, Any] = matches[0]
+    return match
+
+
+def kinds(docs: Docs) -> set[str]:
+    return {d["kind"] for d in docs}
+
+
+def container(workload: dict[str, Any]) -> dict[str, Any]:
+    [only] = workload["spec"]["template"]["spec"]["containers"]
+    found: dict[str, Any] = only
+    return found
+
+
+def scheduler_config(docs: Docs) -> dict[str, Any]:
+    cm = find(docs, "ConfigMap", "gpushare-scheduler-config")
+    loaded: dict[str, Any] = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
+    return loaded
+
+
+def test_every_scenario_renders(rendered: dict[str, Docs]) -> None:
+    assert set(rendered) == {"default", "second-scheduler", "ha-tls-monitoring", "self-managed", "policy"}
+
+
+def test_extender_runs_restricted(rendered: dict[str, Docs]) -> None:
+    deployment = find(rendered["default"], "Deployment", "gpushare-extender")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}
+    assert "hostNetwork" not in pod
+    security = container(deployment)["securityContext"]
+    assert security == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "privileged": False,
+                        "capabilities": {"drop": ["ALL"]}}
+
+
+def test_extender_command_and_probes(rendered: dict[str, Docs]) -> None:
+    extender = container(find(rendered["default"], "Deployment", "gpushare-extender"))
+    assert extender["command"] == ["gpushare-extender"]
+    assert extender["args"] == ["--port=39999", "--policy=binpack", "--unit=GiB", "--log-level=INFO"]
+    assert extender["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http", "scheme": "HTTP"}
+    assert extender["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http", "scheme": "HTTP"}
+    service = find(rendered["default"], "Service", "gpushare-extender")
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["ports"][0]["port"] == 39999
+
+
+def test_device_plugin_daemonset(rendered: dict[str, Docs]) -> None:
+    daemonset = find(rendered["default"], "DaemonSet", "gpushare-device-plugin")
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"gpushare": "true"}
+    assert "hostNetwork" not in pod
+    assert {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v} == {
+        "device-plugins": "/var/lib/kubelet/device-plugins", "pod-resources": "/var/lib/kubelet/pod-resources"}
+    plugin = container(daemonset)
+    assert plugin["command"] == ["gpushare-device-plugin"]
+    assert "--isolation=none" in plugin["args"] and "--backend=nvml" in plugin["args"]
+    assert "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock" in plugin["args"]
+    node_name = next(e for e in plugin["env"] if e["name"] == "NODE_NAME")
+    assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    security = plugin["securityContext"]
+    assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True and security["capabilities"] == {"drop": ["ALL"]}
+    assert plugin["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert plugin["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def rules(docs: Docs, name: str) -> list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]:
+    role = find(docs, "ClusterRole", name)
+    return [(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]]
+
+
+def test_rbac_is_least_privilege(rendered: dict[str, Docs]) -> None:
+    docs = rendered["default"]
+    assert rules(docs, "gpushare-extender") == [
+        (("",), ("nodes",), ("get", "list", "watch")),
+        (("",), ("pods",), ("get", "list", "watch", "patch")),
+        (("",), ("pods/binding", "bindings"), ("create",)),
+        (("", "events.k8s.io"), ("events",), ("create", "patch")),
+    ]
+    assert rules(docs, "gpushare-device-plugin") == [
+        (("",), ("pods",), ("get", "list", "watch", "patch")),
+        (("",), ("nodes",), ("get", "patch")),
+        (("",), ("nodes/status",), ("get", "patch")),
+    ]
+    for scenario in rendered.values():
+        for doc in scenario:
+            for rule in doc.get("rules", []):
+                assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], doc["metadata"]["name"]
+    assert "Role" not in kinds(docs), "a single extender needs no lease"
+
+
+def test_default_scheduler_config_matches_the_command(rendered: dict[str, Docs]) -> None:
+    expected = schedconfig.kube_scheduler_configuration(ExtenderOptions(url_prefix=EXTENDER_URL), SchedulerOptions())
+    assert scheduler_config(rendered["default"]) == expected
+    assert not {"ServiceMonitor", "PodMonitor", "PodDisruptionBudget"} & kinds(rendered["default"])
+    assert find(rendered["default"], "Deployment")["metadata"]["name"] == "gpushare-extender"
+
+
+def test_second_scheduler(rendered: dict[str, Docs]) -> None:
+    docs = rendered["second-scheduler"]
+    scheduler = find(docs, "Deployment", "gpushare-scheduler")
+    kube_scheduler = container(scheduler)
+    assert kube_scheduler["image"] == "registry.k8s.io/kube-scheduler:v1.30.14"
+    assert "--config=/etc/kubernetes/gpushare/scheduler-config.yaml" in kube_scheduler["command"]
+    assert kube_scheduler["securityContext"]["readOnlyRootFilesystem"] is True
+    volumes = scheduler["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "config", "configMap": {"name": "gpushare-scheduler-config"}} in volumes
+    assert scheduler_config(docs) == schedconfig.kube_scheduler_configuration(
+        ExtenderOptions(url_prefix=EXTENDER_URL),
+        SchedulerOptions(scheduler_name="gpushare-scheduler", lease_namespace="kube-system"))
+    bound = {(d["kind"], d["roleRef"]["name"], d["metadata"].get("namespace")) for d in docs
+             if d["kind"] in ("ClusterRoleBinding", "RoleBinding") and d["subjects"][0]["name"] == "gpushare-scheduler"}
+    assert bound == {("ClusterRoleBinding", "system:kube-scheduler", None),
+                     ("ClusterRoleBinding", "system:volume-scheduler", None),
+                     ("RoleBinding", "extension-apiserver-authentication-reader", "kube-system"),
+                     ("RoleBinding", "gpushare-scheduler-leader-election", "kube-system")}
+    lease_role = find(docs, "Role", "gpushare-scheduler-leader-election")
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["gpushare-scheduler"],
+            "verbs": ["get", "update"]} in lease_role["rules"]
+
+
+def test_ha_tls_and_monitoring(rendered: dict[str, Docs]) -> None:
+    docs = rendered["ha-tls-monitoring"]
+    deployment = find(docs, "Deployment", "gpushare-extender")
+    assert deployment["spec"]["replicas"] == 3
+    assert "podAntiAffinity" in deployment["spec"]["template"]["spec"]["affinity"]
+    extender = container(deployment)
+    assert "--tls-cert=/etc/gpushare/tls/tls.crt" in extender["args"]
+    assert extender["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert find(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    lease = find(docs, "Role", "gpushare-extender-leader-election")
+    assert lease["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                               "verbs": ["get", "create", "update"]}]
+    [entry] = scheduler_config(docs)["extenders"]
+    assert entry["urlPrefix"] == "https://gpushare-extender.kube-system.svc:39999/gpushare-scheduler"
+    assert entry["enableHTTPS"] is True
+    assert entry["tlsConfig"] == {"insecure": False, "caFile": "/etc/gpushare/tls/ca.crt"}
+    monitor = find(docs, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["endpoints"][0]["scheme"] == "https"
+    assert find(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+def test_self_managed_control_plane(rendered: dict[str, Docs]) -> None:
+    docs = rendered["self-managed"]
+    port = find(docs, "Service", "gpushare-extender")["spec"]
+    assert port["type"] == "NodePort" and port["ports"][0]["nodePort"] == 32766
+    extender = find(docs, "Deployment", "gpushare-extender")
+    assert extender["spec"]["template"]["spec"]["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
+    assert "--unit=MiB" in container(extender)["args"] and "--policy=spread" in container(extender)["args"]
+    plugin = find(docs, "DaemonSet")
+    pod = plugin["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"gpushare": "true", "nvidia.com/gpu.present": "true"}
+    assert pod["runtimeClassName"] == "nvidia"
+    assert {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v} == {
+        "/var/lib/k0s/kubelet/device-plugins", "/var/lib/k0s/kubelet/pod-resources"}
+    assert container(plugin)["args"][-1] == "--hami-library=/opt/vgpu/libvgpu.so"
+    assert {"--unit=MiB", "--isolation=hami-core", "--log-level=DEBUG"} <= set(container(plugin)["args"])
+    assert scheduler_config(docs) == schedconfig.kube_scheduler_configuration(
+        ExtenderOptions(url_prefix="http://127.0.0.1:32766/gpushare-scheduler", weight=10),
+        SchedulerOptions(client_kubeconfig="/etc/kubernetes/scheduler.conf"))
+
+
+def test_policy_file_for_old_control_planes(rendered: dict[str, Docs]) -> None:
+    docs = rendered["policy"]
+    cm = find(docs, "ConfigMap", "gpushare-scheduler-config")
+    assert list(cm["data"]) == ["scheduler-policy.json"]
+    assert yaml.safe_load(cm["data"]["scheduler-policy.json"]) == schedconfig.policy(
+        ExtenderOptions(url_prefix=EXTENDER_URL))
+    assert "DaemonSet" not in kinds(docs)
+
+
+@pytest.fixture()
+def render_values(tmp_path: Path, rendered: dict[str, Docs]) -> Iterator[Any]:
+    """Render one values document through the same script; (exit code, FAILED message or None)."""
+
+    def render(values: dict[str, Any]) -> tuple[int, str | None]:
+        values_file = tmp_path / "case-values.yaml"
+        values_file.write_text(yaml.safe_dump(values))
+        result = subprocess.run([str(HELM_PYTHON), str(ROOT / "scripts" / "render_chart.py"), str(CHART),
+                                 str(tmp_path / "out"), str(values_file)], capture_output=True, text=True,
+                                timeout=120, check=False)
+        failed = tmp_path / "out" / "case" / "FAILED"
+        return result.returncode, failed.read_text() if failed.exists() else None
+
+    yield render
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"memoryUnit": "TiB"}, "at '/memoryUnit': value must be one of 'GiB', 'MiB'"),
+    ({"devicePlugin": {"isolation": "mig"}}, "at '/devicePlugin/isolation'"),
+    ({"extender": {"tls": {"enabled": True}}}, "extender.tls.enabled needs extender.tls.secretName"),
+    ({"secondScheduler": {"enabled": True, "image": {"tag": "v1.22.17"}}},
+     "secondScheduler.image.tag must be v1.23 or newer"),
+])
+def test_bad_values_fail_with_a_reason(render_values: Any, values: dict[str, Any], message: str) -> None:
+    code, failure = render_values(values)
+    assert code == 1
+    assert failure is not None and message in failure
