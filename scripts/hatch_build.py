@@ -19,4 +19,5 @@ class ProtoBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         finally:
             sys.path.pop(0)
         generate(Path(self.root))
-        build_data.setdefault("artifacts", []).append("deviceplugin/_proto/*.py")
+        # The generated modules are gitignored; artifacts puts them in the wheel all the same.
+        build_data.setdefault("artifacts", []).extend(["deviceplugin/_proto/*.py", "deviceplugin/_proto/*.pyi"])

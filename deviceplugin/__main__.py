@@ -1,0 +1,110 @@
+"""``gpushare-device-plugin``: the kubelet device plugin for ``aliyun.com/gpu-mem``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from kubernetes import client, config
+
+from deviceplugin.gpus import GPUBackend
+from deviceplugin.isolation import Isolation, IsolationConfig
+from deviceplugin.plugin import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET, DevicePlugin, PluginConfig
+from gpushare.clusterspec import ClusterSpecError, load_cluster_spec
+from gpushare.contract import MemoryUnit
+from gpushare.logs import LEVELS, configure_logging
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpushare-device-plugin", description=__doc__)
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
+                   help="this node's name (default: $NODE_NAME)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, else ~/.kube/config)")
+    p.add_argument("--backend", choices=("nvml", "simulated"), default="nvml",
+                   help="where GPUs come from: the NVIDIA driver, or a cluster description (--cluster)")
+    p.add_argument("--cluster", type=Path, help="cluster description YAML for --backend simulated")
+    p.add_argument("--simulate-control", type=Path,
+                   help="JSON-lines file of injected XID events and memory usage (--backend simulated)")
+    p.add_argument("--unit", choices=[u.value for u in MemoryUnit], default=MemoryUnit.GiB.value,
+                   help="memory per advertised device (default GiB; MiB makes very long device lists)")
+    p.add_argument("--device-plugin-dir", type=Path, default=DEFAULT_PLUGIN_DIR,
+                   help=f"the kubelet's device plugin folder (default {DEFAULT_PLUGIN_DIR})")
+    p.add_argument("--pod-resources-socket", type=Path, default=DEFAULT_POD_RESOURCES_SOCKET,
+                   help=f"the kubelet's PodResources socket (default {DEFAULT_POD_RESOURCES_SOCKET})")
+    p.add_argument("--isolation", choices=[i.value for i in Isolation], default=Isolation.NONE.value,
+                   help="how containers are held to their share (default none)")
+    defaults = IsolationConfig()
+    p.add_argument("--hami-library", default=defaults.hami_library,
+                   help=f"host path of HAMi-core's libvgpu.so (default {defaults.hami_library})")
+    p.add_argument("--hami-preload", default=defaults.hami_preload,
+                   help=f"host file mounted as the container's /etc/ld.so.preload (default {defaults.hami_preload})")
+    p.add_argument("--mps-pipe-dir", default=defaults.mps_pipe_dir,
+                   help=f"the MPS daemon's pipe folder on the host (default {defaults.mps_pipe_dir})")
+    p.add_argument("--health-recovery-seconds", type=float, default=600.0,
+                   help="how long a GPU must go without a critical XID to be Healthy again (default 600)")
+    p.add_argument("--reconcile-seconds", type=float, default=30.0,
+                   help="how often pod annotations are checked against the kubelet's PodResources (default 30)")
+    p.add_argument("--usage-seconds", type=float, default=15.0,
+                   help="how often GPU memory usage is sampled (default 15)")
+    p.add_argument("--metrics-address", default="0.0.0.0", help="address of /healthz, /readyz, /metrics")
+    p.add_argument("--metrics-port", type=int, default=9445, help="port of /healthz, /readyz, /metrics")
+    p.add_argument("--log-level", choices=LEVELS, default="INFO")
+    return p
+
+
+def make_backend(args: argparse.Namespace, node_name: str) -> GPUBackend:
+    if args.backend == "nvml":
+        from deviceplugin.nvml import NvmlBackend
+
+        return NvmlBackend()
+    from deviceplugin.simulated import SimulatedBackend
+
+    if args.cluster is None:
+        raise SystemExit("--backend simulated needs --cluster FILE, the cluster description to read GPUs from.")
+    try:
+        node = load_cluster_spec(args.cluster).node(node_name)
+    except (ClusterSpecError, KeyError) as exc:
+        raise SystemExit(str(exc).strip("'\"")) from None
+    return SimulatedBackend(node, args.simulate_control)
+
+
+def api_client(kubeconfig: str | None) -> client.ApiClient:
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    else:
+        config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    if not args.node_name:
+        raise SystemExit("Set --node-name or NODE_NAME (in a DaemonSet: valueFrom fieldRef spec.nodeName).")
+    backend = make_backend(args, args.node_name)
+    configure_logging(args.log_level)
+    # watchfiles logs every folder change at INFO; the plugin logs the ones that matter itself.
+    logging.getLogger("watchfiles").setLevel(logging.WARNING)
+    unit = MemoryUnit(args.unit)
+    plugin_config = PluginConfig(
+        node_name=args.node_name, unit=unit, plugin_dir=args.device_plugin_dir,
+        pod_resources_socket=args.pod_resources_socket,
+        isolation=IsolationConfig(Isolation(args.isolation), args.hami_library, args.hami_preload, args.mps_pipe_dir),
+        health_recovery_s=args.health_recovery_seconds, reconcile_s=args.reconcile_seconds,
+        usage_s=args.usage_seconds, metrics_address=args.metrics_address, metrics_port=args.metrics_port)
+    plugin = DevicePlugin(plugin_config, backend, api_client(args.kubeconfig))
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    plugin.start()
+    done.wait()
+    plugin.stop()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Serves the kubelet's Allocate and GetPreferredAllocation calls: match the pod, record it, build the env.
+
+Multi-container pods: the kubelet allocates their GPU containers one call at a time, in spec order. Each
+served container is recorded in memory and in the pod annotation ``gpushare.io/allocated-containers`` (so a
+restarted plugin carries on); ``ALIYUN_COM_GPU_MEM_ASSIGNED`` turns ``true`` with the last one. Every write
+carries the pod's resourceVersion; on a conflict the pod is read again and matched again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from deviceplugin.devices import gpus_of, uuid_of
+from deviceplugin.gpus import GPUDevice
+from deviceplugin.inventory import Inventory
+from deviceplugin.isolation import ContainerGrant, IsolationConfig, Mount, container_environment
+from deviceplugin.kubeapi import Conflict, Gone, PodWriter
+from deviceplugin.matching import (
+    ANN_ALLOCATED_CONTAINERS,
+    Match,
+    NoPendingPod,
+    choose,
+    preferred_devices,
+    split_evenly,
+    unplaced_pods,
+    waiting_pods,
+)
+from deviceplugin.podcache import PodCache
+from gpushare.contract import ANN_ASSIGNED, ANN_DEV, ANN_GPU_INDICES, ANN_GPU_UUIDS, ANN_IDX, ANN_POD
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 4
+# Device-ID sets remembered with the GPUs they were given; the reconciler looks them up. Bounded because a
+# node only ever runs a few hundred containers at once.
+HANDED_OUT_MEMORY = 4096
+
+
+class AllocationError(Exception):
+    """Allocate cannot be served as asked; the text says why."""
+
+
+class UnknownDevices(AllocationError):
+    """Allocate named devices this plugin never advertised."""
+
+
+class Allocator:
+    def __init__(self, cache: PodCache, writer: PodWriter, inventory: Inventory,
+                 isolation: IsolationConfig) -> None:
+        self._cache = cache
+        self._writer = writer
+        self._inventory = inventory
+        self._isolation = isolation
+        self._lock = threading.Lock()
+        self._served: dict[str, frozenset[str]] = {}
+        self._decided: dict[str, tuple[int, ...]] = {}
+        self._handed: OrderedDict[frozenset[str], tuple[int, ...]] = OrderedDict()
+
+    def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+        gpu_of = {}
+        for device in available:
+            try:
+                gpu_of[device] = self._inventory.index_by_uuid[uuid_of(device)]
+            except (ValueError, KeyError):
+                continue
+        with self._lock:
+            waiting = waiting_pods(self._cache.pods(), self._served, self._decided)
+            if not any(w.next_container(size) for w in waiting):
+                with contextlib.suppress(ApiException, HTTPError):
+                    self._cache.refresh()  # the watch may not have shown the extender's bind yet
+                    waiting = waiting_pods(self._cache.pods(), self._served, self._decided)
+        return preferred_devices(waiting, size, available, must_include, gpu_of)
+
+    def allocate(self, device_ids: Sequence[str]) -> tuple[dict[str, str], list[Mount]]:
+        """The env and mounts for one container that the kubelet gives ``device_ids``."""
+        try:
+            device_gpus = gpus_of(device_ids, self._inventory.index_by_uuid)
+        except ValueError as exc:
+            raise UnknownDevices(str(exc)) from None
+        if not device_ids:
+            raise UnknownDevices("Allocate was called with no devices; the kubelet must pass at least one.")
+        with self._lock:
+            try:
+                return self._allocate(device_ids, device_gpus)
+            except (ApiException, HTTPError) as exc:
+                raise AllocationError(
+                    f"Node {self._cache.node_name}'s device plugin cannot reach the API server to record the "
+                    f"allocation ({getattr(exc, 'reason', exc)}); the kubelet will retry the pod.") from None
+
+    def _allocate(self, device_ids: Sequence[str], device_gpus: Counter[int]) -> tuple[dict[str, str], list[Mount]]:
+        refreshed = False
+        for _ in range(ATTEMPTS):
+            pods = self._cache.pods()
+            waiting = waiting_pods(pods, self._served, self._decided)
+            try:
+                match = choose(waiting, len(device_ids), device_gpus, self._cache.node_name, unplaced_pods(pods))
+            except NoPendingPod:
+                if refreshed:
+                    raise
+                self._cache.refresh()  # the watch may not have shown the extender's bind yet
+                refreshed = True
+                continue
+            grant = self._grant(match)
+            if self._record(match):
+                self._remember(match, frozenset(device_ids))
+                return container_environment(grant, self._isolation)
+        raise AllocationError(f"The pods on node {self._cache.node_name} kept changing while Allocate tried to "
+                              f"record its choice ({ATTEMPTS} attempts); the kubelet will retry the pod.")
+
+    def handed_out(self, device_ids: frozenset[str]) -> tuple[int, ...] | None:
+        """The GPUs a container with these devices was given, if this process served it."""
+        with self._lock:
+            return self._handed.get(device_ids)
+
+    def _record(self, match: Match) -> bool:
+        """Write the match onto the pod; ``False`` when the pod changed or vanished and must be matched again."""
+        pod = match.waiting.pod
+        annotations = self._annotations(match)
+        try:
+            updated = self._writer.annotate(pod.namespace, pod.name, pod.resource_version, annotations)
+        except Conflict:
+            fresh = self._writer.read(pod.namespace, pod.name)
+            if fresh is None:
+                self._cache.forget(pod.key)
+            else:
+                self._cache.apply(fresh)
+            return False
+        except Gone:
+            self._cache.forget(pod.key)
+            return False
+        self._cache.apply(updated)
+        if match.moved:
+            log.warning("The kubelet gave pod %s devices of GPU(s) %s, not the extender's %s; the pod gets the "
+                        "devices' GPUs and its annotations now say so.", pod.key, _names(match.gpus),
+                        _names(match.waiting.assignment.gpu_indices),
+                        extra={"pod": pod.key, "gpus": list(match.gpus)})
+        log.info("Allocated GPU(s) %s to container %s of pod %s (%d unit(s)).", _names(match.gpus),
+                 match.container or "(all)", pod.key, match.units,
+                 extra={"pod": pod.key, "container": match.container, "gpus": list(match.gpus),
+                        "units": match.units})
+        return True
+
+    def _annotations(self, match: Match) -> dict[str, str]:
+        waiting = match.waiting
+        annotations = placement_annotations(self._inventory, match.gpus) if match.moved else {}
+        if len(waiting.containers) > 1:
+            served = waiting.allocated | {match.container}
+            annotations[ANN_ALLOCATED_CONTAINERS] = ",".join(n for n, _ in waiting.containers if n in served)
+        if waiting.is_last(match.container):
+            annotations[ANN_ASSIGNED] = "true"
+            annotations[ANN_GPU_UUIDS] = ",".join(self._gpu(i).uuid for i in match.gpus)
+        return annotations
+
+    def _remember(self, match: Match, device_ids: frozenset[str]) -> None:
+        uid = match.waiting.pod.uid
+        self._served[uid] = match.waiting.allocated | {match.container}
+        self._decided[uid] = match.gpus
+        self._handed[device_ids] = match.gpus
+        while len(self._handed) > HANDED_OUT_MEMORY:
+            self._handed.popitem(last=False)
+        live = {p.uid for p in self._cache.pods()}
+        for table in (self._served, self._decided):
+            for gone in [u for u in table if u not in live and u != uid]:
+                del table[gone]
+
+    def _gpu(self, index: int) -> GPUDevice:
+        try:
+            return self._inventory.gpu(index)
+        except KeyError:
+            raise AllocationError(f"The extender placed a pod on GPU {index}, which node "
+                                  f"{self._cache.node_name} does not have; check the node's "
+                                  "gpushare.io/gpu-inventory annotation and the extender's view.") from None
+
+    def _grant(self, match: Match) -> ContainerGrant:
+        assignment = match.waiting.assignment
+        gpus = [self._gpu(i) for i in match.gpus]
+        unit = self._inventory.unit
+        if assignment.exclusive:
+            limits = [g.memory_mib for g in gpus]
+        else:
+            limits = split_evenly(match.units * unit.mib, len(gpus))
+        pod_units = int(match.waiting.pod.annotations.get(ANN_POD, "0") or 0) or match.units
+        return ContainerGrant(gpu_indices=match.gpus, gpu_uuids=tuple(g.uuid for g in gpus),
+                              container_units=match.units, pod_units=pod_units,
+                              gpu_units=unit.from_mib(gpus[0].memory_mib), limit_mib=tuple(limits),
+                              compute_percent=assignment.compute_percent)
+
+
+def placement_annotations(inventory: Inventory, gpus: tuple[int, ...]) -> dict[str, str]:
+    """The annotations that say which GPUs a pod holds."""
+    return {ANN_IDX: str(gpus[0]), ANN_GPU_INDICES: ",".join(str(i) for i in gpus),
+            ANN_DEV: str(inventory.unit.from_mib(inventory.gpu(gpus[0]).memory_mib)),
+            ANN_GPU_UUIDS: ",".join(inventory.gpu(i).uuid for i in gpus)}
+
+
+def _names(gpus: Sequence[int]) -> str:
+    return ",".join(str(i) for i in gpus)

@@ -1,0 +1,79 @@
+"""What a container receives at Allocate: Aliyun's environment, plus the settings of the isolation layer.
+
+* ``none``: the GPU(s) and Aliyun's variables only; the share is a promise between pods.
+* ``hami-core``: HAMi's libvgpu.so is preloaded into the container and caps each visible GPU's memory
+  (``CUDA_DEVICE_MEMORY_LIMIT_<i>``, ``i`` the CUDA ordinal in the container) and, when the pod has a compute
+  share, its SMs (``CUDA_DEVICE_SM_LIMIT``).
+* ``mps``: the container is an MPS client of the node's MPS daemon, which pins its memory per device
+  (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``) and, with a compute share, its threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gpushare.contract import ANN_DEV, ANN_IDX, ANN_POD, ENV_CONTAINER
+
+HAMI_LIBRARY_IN_CONTAINER = "/usr/local/vgpu/libvgpu.so"
+PRELOAD_IN_CONTAINER = "/etc/ld.so.preload"
+
+
+class Isolation(StrEnum):
+    NONE = "none"
+    HAMI_CORE = "hami-core"
+    MPS = "mps"
+
+
+@dataclass(frozen=True)
+class IsolationConfig:
+    mode: Isolation = Isolation.NONE
+    hami_library: str = HAMI_LIBRARY_IN_CONTAINER
+    hami_preload: str = "/usr/local/vgpu/ld.so.preload"
+    mps_pipe_dir: str = "/tmp/nvidia-mps"
+
+
+@dataclass(frozen=True)
+class Mount:
+    container_path: str
+    host_path: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class ContainerGrant:
+    """One container's GPUs and share, as decided at Allocate."""
+
+    gpu_indices: tuple[int, ...]
+    gpu_uuids: tuple[str, ...]
+    container_units: int
+    pod_units: int
+    gpu_units: int
+    limit_mib: tuple[int, ...]
+    """The container's memory cap on each of its GPUs, in CUDA ordinal order."""
+    compute_percent: int = 0
+
+
+def container_environment(grant: ContainerGrant, config: IsolationConfig) -> tuple[dict[str, str], list[Mount]]:
+    env = {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(grant.gpu_uuids),
+        ANN_IDX: ",".join(str(i) for i in grant.gpu_indices),
+        ANN_POD: str(grant.pod_units),
+        ENV_CONTAINER: str(grant.container_units),
+        ANN_DEV: str(grant.gpu_units),
+    }
+    mounts: list[Mount] = []
+    if config.mode is Isolation.HAMI_CORE:
+        for ordinal, mib in enumerate(grant.limit_mib):
+            env[f"CUDA_DEVICE_MEMORY_LIMIT_{ordinal}"] = f"{mib}m"
+        if grant.compute_percent:
+            env["CUDA_DEVICE_SM_LIMIT"] = str(grant.compute_percent)
+        mounts += [Mount(HAMI_LIBRARY_IN_CONTAINER, config.hami_library),
+                   Mount(PRELOAD_IN_CONTAINER, config.hami_preload)]
+    elif config.mode is Isolation.MPS:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={mib}M" for i, mib in enumerate(grant.limit_mib))
+        if grant.compute_percent:
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(grant.compute_percent)
+        env["CUDA_MPS_PIPE_DIRECTORY"] = config.mps_pipe_dir
+        mounts.append(Mount(config.mps_pipe_dir, config.mps_pipe_dir, read_only=False))
+    return env, mounts
