@@ -72,5 +72,27 @@ def scheduler_config(
         raise typer.Exit(1) from None
 
 
+@app.command("demo")
+def demo(
+    policy: Annotated[str, typer.Option(help="The extender's placement policy.")] = "binpack",
+    workdir: Annotated[str | None, typer.Option(
+        help="Folder for the cluster description, kubeconfig and component logs (default: a new temp folder).")
+    ] = None,
+) -> None:
+    """Run every component on the local cluster with simulated GPUs, submit pods, and show the result."""
+    import tempfile
+    from pathlib import Path
+
+    from gpushare.demo import run_demo
+
+    folder = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gpushare-demo-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        run_demo(folder, policy)
+    except RuntimeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
 def main() -> None:
     app()

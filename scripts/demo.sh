@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Install gpushare into .venv and run the demo: local cluster, extender, device plugins, scheduler loop,
+# simulated kubelets and GPUs, then `kubectl inspect gpushare`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[demo]'
+exec .venv/bin/gpushare demo "$@"
