@@ -52,6 +52,7 @@ class Informer:
         response = self._response
         if response is not None:
             try:
+                response.shutdown()  # unblocks the reading thread; close() alone leaves it waiting for data
                 response.close()
             except Exception:  # noqa: BLE001 - closing a broken stream is best effort
                 pass
@@ -85,6 +86,8 @@ class Informer:
                                   **self._selectors)
             self._response = response
             try:
+                if self._stop.is_set():
+                    return
                 for event in _events(response):
                     kind = event.get("type")
                     obj = event.get("object") or {}

@@ -1,0 +1,521 @@
+"""The extender's view of the cluster: every node's GPUs and what holds them, kept current by watches.
+
+State is rebuilt from the API alone (node inventories and pod annotations), so a restarted extender sees
+exactly what its predecessor recorded. Bind adds a *reservation* the moment it picks GPUs, before it writes
+anything, so concurrent filters and binds see the memory as taken; the watch later confirms it, or the
+binder releases it when the bind fails.
+
+Locking: each node has its own lock guarding its ``Node``; a small registry lock guards which node holds
+which pod, and an index lock the fit sets. Locks are taken in that order (node, registry, index), never
+the other way round, and two node locks always in name order. Filter reads immutable per-node
+summaries and the fit sets (node names where a request shape fits, updated on every node change)
+without taking a node lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from itertools import filterfalse
+from typing import Any
+
+from gpushare.contract import MemoryUnit, NodeInfo, PodInfo, PodRequest, read_assignment
+from gpushare.kube.convert import node_info, pod_info
+from gpushare.kube.informer import Informer, Obj
+from gpushare.model import Node, Placement, build_gpus, build_node, placement_of
+
+log = logging.getLogger(__name__)
+
+# Distinct request shapes whose failure messages a node remembers until its state changes.
+MAX_REMEMBERED_REASONS = 64
+# Request shapes whose set of fitting nodes is kept current; each costs a check per node change.
+MAX_FIT_SETS = 32
+
+UNBOUNDED = 1 << 62
+
+
+class ReservationError(Exception):
+    """A bind could not reserve GPUs; the text tells the user why."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSummary:
+    """What filter needs to judge a plain request without touching the node."""
+
+    cpu_free: int
+    memory_free: int
+    frees: tuple[int, ...]  # free units of each GPU a shared pod could still use, largest first
+    empty: int  # GPUs nobody holds, for exclusive pods
+    gpus: tuple[tuple[str, int, int, bool], ...]  # (model, free, compute used, nobody holds it) per open GPU
+
+
+@dataclass(eq=False, slots=True)
+class Reservation:
+    """GPUs held for a pod between bind's decision and the watch showing the pod bound."""
+
+    node: str
+    pod_key: str
+    uid: str
+    placement: Placement
+    gpu_totals: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class FilterOutcome:
+    passed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+
+
+class _FitSet:
+    """The nodes where one request shape fits, and the last filter answer computed from it.
+
+    ``version`` moves whenever an answer could change: a node enters or leaves the set, or a node outside
+    it changes (its failure message may read differently).
+    """
+
+    __slots__ = ("check", "last", "nodes", "version")
+
+    def __init__(self, check: Callable[[NodeSummary], bool], nodes: set[str]) -> None:
+        self.check = check
+        self.nodes = nodes
+        self.version = 0
+        self.last: tuple[int, list[str], FilterOutcome] | None = None
+
+    def update(self, name: str, summary: NodeSummary | None) -> None:
+        """Place a changed node; call with the index lock held."""
+        if summary is not None and self.check(summary):
+            if name not in self.nodes:
+                self.nodes.add(name)
+                self.version += 1
+        else:
+            self.nodes.discard(name)
+            self.version += 1
+
+
+class _Entry:
+    """One node: its API view (``None`` once deleted or before it was seen) and its accounted state."""
+
+    __slots__ = ("info", "lock", "name", "reasons", "state")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lock = threading.Lock()
+        self.info: NodeInfo | None = None
+        self.state = Node(name=name, gpus=[])
+        self.reasons: dict[tuple[Any, ...], tuple[bool, str]] = {}
+
+
+def _shape(request: PodRequest) -> tuple[Any, ...]:
+    return (request.per_gpu, request.gpu_count, request.exclusive, request.compute_percent, request.models,
+            request.cpu_milli, request.memory_mib)
+
+
+def _summarise(node: Node) -> NodeSummary:
+    """The node as ``GPU.can_host`` and ``Node.fits_host_resources`` see it, in plain tuples."""
+    open_gpus = [g for g in node.gpus if g.healthy and not g.exclusive]
+    usable = [g for g in open_gpus if g.compute_used <= 100]
+    return NodeSummary(
+        cpu_free=node.cpu_milli - node.cpu_used if node.cpu_milli else UNBOUNDED,
+        memory_free=node.memory_mib - node.memory_used if node.memory_mib else UNBOUNDED,
+        frees=tuple(sorted((g.total - g.used for g in usable), reverse=True)),
+        empty=sum(1 for g in usable if g.holders == 0 and g.used == 0),
+        gpus=tuple((g.model, g.total - g.used, g.compute_used, g.holders == 0 and g.used == 0) for g in open_gpus),
+    )
+
+
+def _fit_check(request: PodRequest) -> Callable[[NodeSummary], bool]:
+    """Whether a node with this summary admits the request: the same answer as ``Node.fits``."""
+    per_gpu, need, cpu, memory = request.per_gpu, request.gpu_count, request.cpu_milli, request.memory_mib
+    compute, exclusive, models = request.compute_percent, request.exclusive, request.models
+    if not compute and not models.include and not models.exclude:
+        if exclusive:
+            return lambda s: s.cpu_free >= cpu and s.memory_free >= memory and s.empty >= need
+        k = need - 1
+        return lambda s: s.cpu_free >= cpu and s.memory_free >= memory and len(s.frees) > k and s.frees[k] >= per_gpu
+
+    def check(s: NodeSummary) -> bool:
+        if s.cpu_free < cpu or s.memory_free < memory:
+            return False
+        hosts = sum(1 for model, free, compute_used, idle in s.gpus if models.accepts(model) and (
+            idle if exclusive else free >= per_gpu and compute_used + compute <= 100))
+        return hosts >= need
+
+    return check
+
+
+class ClusterCache:
+    """Per-node GPU state for every node, fed by ``ClusterWatch`` and changed by bind's reservations."""
+
+    def __init__(self, unit: MemoryUnit = MemoryUnit.GiB) -> None:
+        self.unit = unit
+        self._entries: dict[str, _Entry] = {}
+        self._summaries: dict[str, NodeSummary] = {}
+        self._registry = threading.Lock()
+        self._pod_nodes: dict[str, str] = {}
+        self._reservations: dict[str, Reservation] = {}
+        self._index_lock = threading.Lock()
+        self._fit_sets: dict[tuple[Any, ...], _FitSet] = {}
+
+    # -- reading -------------------------------------------------------------------------------------------
+
+    def node_names(self) -> list[str]:
+        return sorted(self._summaries)
+
+    @contextmanager
+    def locked(self, name: str) -> Iterator[Node | None]:
+        """The node's state under its lock, or ``None`` for a node the cache does not know."""
+        entry = self._entries.get(name)
+        if entry is None:
+            yield None
+            return
+        with entry.lock:
+            yield entry.state if entry.info is not None else None
+
+    def filter(self, names: list[str], request: PodRequest) -> FilterOutcome:
+        """Split ``names`` into nodes where the pod fits now, fails now, and could never fit.
+
+        ``TypeError`` if a name is not hashable (a malformed request).
+        """
+        fit_set = self._fit_set(request)
+        version = fit_set.version
+        last = fit_set.last
+        # kube-scheduler sends the same node names with every pod: while no node has entered or left this
+        # shape's set (or changed while outside it), the previous answer is still exact.
+        if last is not None and last[0] == version and last[1] == names:
+            return last[2]
+        # C-level passes over the names, with per-node work only for the nodes that fail.
+        out = FilterOutcome()
+        if fit_set.nodes.issuperset(names):
+            out.passed = list(names)
+        else:
+            fits = fit_set.nodes.__contains__
+            out.passed = list(filter(fits, names))
+            self._explain(list(filterfalse(fits, names)), request, out)
+        fit_set.last = (version, names, out)
+        return out
+
+    def _fit_set(self, request: PodRequest) -> _FitSet:
+        """The live set of nodes whose summary admits this request shape (built on first use, then kept)."""
+        key = _shape(request)
+        fit_set = self._fit_sets.get(key)
+        if fit_set is not None:
+            return fit_set
+        with self._index_lock:
+            fit_set = self._fit_sets.get(key)
+            if fit_set is None:
+                check = _fit_check(request)
+                fit_set = _FitSet(check, {name for name, summary in list(self._summaries.items()) if check(summary)})
+                self._fit_sets[key] = fit_set
+                while len(self._fit_sets) > MAX_FIT_SETS:  # the oldest shape goes first
+                    del self._fit_sets[next(iter(self._fit_sets))]
+        return fit_set
+
+    def _explain(self, names: list[str], request: PodRequest, out: FilterOutcome) -> None:
+        """Judge nodes on their full state and word the failures (remembered until the node changes)."""
+        shape = _shape(request)
+        for name in names:
+            entry = self._entries.get(name)
+            if entry is None or name not in self._summaries:
+                out.failed[name] = (f"node {name} is not in the gpushare extender's cache (not watched yet, or "
+                                    "deleted); kube-scheduler will try again")
+                continue
+            known = entry.reasons.get(shape)  # lock-free: at worst the reason from just before a change
+            if known is None:
+                with entry.lock:
+                    node = entry.state
+                    if node.fits(request):
+                        out.passed.append(name)
+                        continue
+                    unresolvable = node.unresolvable_reason(request)
+                    known = (True, unresolvable) if unresolvable else (False, node.failure_reason(request))
+                    if len(entry.reasons) >= MAX_REMEMBERED_REASONS:
+                        entry.reasons.clear()
+                    entry.reasons[shape] = known
+            (out.unresolvable if known[0] else out.failed)[name] = known[1]
+
+    def evaluate(self, names: Iterable[str], score: Callable[[Node], float | None]) -> dict[str, float | None]:
+        """``score`` of each known node under its lock; ``None`` for unknown nodes."""
+        out: dict[str, float | None] = {}
+        for name in names:
+            with self.locked(name) as node:
+                out[name] = None if node is None else score(node)
+        return out
+
+    def inspect(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Aliyun's inspect view: per node and GPU, total and used memory and the pods holding it."""
+        names = [name] if name is not None else self.node_names()
+        out = []
+        for node_name in names:
+            with self.locked(node_name) as node:
+                if node is not None:
+                    out.append(_inspect_node(node))
+        return out
+
+    def gpu_usage(self) -> Iterator[tuple[str, int, str, int, int]]:
+        """(node, GPU index, model, total, used) for every GPU, for the metrics."""
+        for name in self.node_names():
+            with self.locked(name) as node:
+                rows = [] if node is None else [(name, g.index, g.model, g.total, g.used) for g in node.gpus]
+            yield from rows
+
+    # -- reservations --------------------------------------------------------------------------------------
+
+    def reserve(self, node_name: str, pod_key: str, uid: str, request: PodRequest,
+                choose: Callable[[Node], tuple[int, ...] | None]) -> Reservation:
+        """Pick GPUs with ``choose`` under the node's lock and hold them for the pod at once."""
+        entry = self._entries.get(node_name)
+        if entry is None:
+            raise ReservationError(f"node {node_name} is not in the gpushare extender's cache")
+        with entry.lock:
+            node = entry.state
+            if entry.info is None:
+                raise ReservationError(f"node {node_name} is not in the gpushare extender's cache")
+            with self._registry:
+                self._check_unplaced(pod_key)
+            gpus = choose(node)
+            if gpus is None:
+                reason = node.unresolvable_reason(request) or node.failure_reason(request)
+                raise ReservationError(f"the pod no longer fits: {reason}")
+            with self._registry:
+                self._check_unplaced(pod_key)
+                try:
+                    placement = node.place(pod_key, request, gpus)
+                except ValueError as exc:
+                    raise ReservationError(str(exc)) from None
+                totals = tuple(g.total for i in gpus if (g := node.gpu(i)) is not None)
+                reservation = Reservation(node_name, pod_key, uid, placement, totals)
+                self._reservations[pod_key] = reservation
+                self._pod_nodes[pod_key] = node_name
+            self._refresh(entry)
+        return reservation
+
+    def _check_unplaced(self, pod_key: str) -> None:
+        if pod_key in self._reservations:
+            raise ReservationError(f"pod {pod_key} is already being bound to node {self._reservations[pod_key].node}")
+        if pod_key in self._pod_nodes:
+            raise ReservationError(f"pod {pod_key} already holds GPUs on node {self._pod_nodes[pod_key]}")
+
+    def release(self, reservation: Reservation) -> None:
+        """Give back a reservation whose bind failed (a no-op once confirmed or replaced)."""
+        entry = self._entries.get(reservation.node)
+        if entry is None:
+            return
+        with entry.lock, self._registry:
+            if self._reservations.get(reservation.pod_key) is not reservation:
+                return
+            del self._reservations[reservation.pod_key]
+            del self._pod_nodes[reservation.pod_key]
+            entry.state.remove(reservation.pod_key)
+            self._refresh(entry)
+
+    def reservations(self) -> int:
+        return len(self._reservations)
+
+    # -- feeding from the API ------------------------------------------------------------------------------
+
+    def replace_nodes(self, infos: Iterable[NodeInfo]) -> None:
+        """A fresh node list: upsert all, forget nodes no longer listed (their pods stay accounted)."""
+        seen = set()
+        for info in infos:
+            seen.add(info.name)
+            self.upsert_node(info)
+        for name in list(self._entries):
+            if name not in seen:
+                self.delete_node(name)
+
+    def upsert_node(self, info: NodeInfo) -> None:
+        entry = self._entry(info.name)
+        with entry.lock:
+            if entry.info == info:
+                return  # a status heartbeat: nothing gpushare reads has changed
+            state = build_node(info, self.unit)
+            for key, placement in entry.state.placements.items():
+                state.add(key, placement)
+            entry.info = info
+            entry.state = state
+            self._refresh(entry)
+
+    def delete_node(self, name: str) -> None:
+        entry = self._entries.get(name)
+        if entry is None:
+            return
+        with entry.lock:
+            old = entry.state
+            entry.info = None
+            entry.state = Node(name=name, gpus=[])
+            for key, placement in old.placements.items():
+                entry.state.add(key, placement)
+            self._refresh(entry)
+
+    def replace_pods(self, pods: Iterable[PodInfo]) -> None:
+        """A fresh pod list replaces every confirmed placement; reservations in flight are kept."""
+        targets: dict[str, tuple[str, Placement]] = {}
+        for pod in pods:
+            if pod.is_active and pod.node_name:
+                targets[pod.key] = (pod.node_name, placement_of(pod, read_assignment(pod)))
+        for node_name, _ in targets.values():
+            self._entry(node_name)
+        while True:
+            entries = sorted(self._entries.values(), key=lambda e: e.name)
+            with ExitStack() as stack:
+                for entry in entries:
+                    stack.enter_context(entry.lock)
+                with self._registry:
+                    if len(self._entries) != len(entries):
+                        continue
+                    chosen = dict(targets)
+                    for key, reservation in list(self._reservations.items()):
+                        listed = targets.get(key)
+                        if listed is not None and self._confirms(reservation, *listed):
+                            del self._reservations[key]
+                        else:
+                            chosen[key] = (reservation.node, reservation.placement)
+                    by_node: dict[str, dict[str, Placement]] = {}
+                    for key, (node_name, placement) in chosen.items():
+                        by_node.setdefault(node_name, {})[key] = placement
+                    for entry in entries:
+                        state = Node(name=entry.name, gpus=build_gpus(entry.info, self.unit) if entry.info else [],
+                                     cpu_milli=entry.state.cpu_milli, memory_mib=entry.state.memory_mib)
+                        for key, placement in by_node.get(entry.name, {}).items():
+                            state.add(key, placement)
+                        entry.state = state
+                        self._refresh(entry)
+                    self._pod_nodes = {key: node_name for key, (node_name, _) in chosen.items()}
+                    return
+
+    def upsert_pod(self, pod: PodInfo) -> None:
+        target = None
+        if pod.is_active and pod.node_name:
+            target = (pod.node_name, placement_of(pod, read_assignment(pod)))
+        self._move(pod, target, gone=not pod.is_active)
+
+    def delete_pod(self, pod: PodInfo) -> None:
+        self._move(pod, None, gone=True)
+
+    def _move(self, pod: PodInfo, target: tuple[str, Placement] | None, gone: bool) -> None:
+        """Account the pod on ``target`` (or nowhere), respecting a reservation that is still in flight."""
+        key = pod.key
+        if target is not None:
+            self._entry(target[0])
+        while True:
+            with self._registry:
+                current = self._pod_nodes.get(key)
+                reservation = self._reservations.get(key)
+            if reservation is not None:
+                confirmed = target is not None and self._confirms(reservation, *target)
+                ended = gone and pod.uid == reservation.uid
+                if not confirmed and not ended:
+                    return  # an event from before the bind, or a rival's; the bind settles it either way
+            touched = sorted({n for n in (current, target[0] if target else None) if n is not None})
+            entries = [self._entries[n] for n in touched]
+            with ExitStack() as stack:
+                for entry in entries:
+                    stack.enter_context(entry.lock)
+                with self._registry:
+                    if self._pod_nodes.get(key) != current or self._reservations.get(key) is not reservation:
+                        continue
+                    if current is not None:
+                        self._entries[current].state.remove(key)
+                    if target is not None:
+                        self._entries[target[0]].state.add(key, target[1])
+                        self._pod_nodes[key] = target[0]
+                    else:
+                        self._pod_nodes.pop(key, None)
+                    self._reservations.pop(key, None)
+                for entry in entries:
+                    self._refresh(entry)
+                return
+
+    @staticmethod
+    def _confirms(reservation: Reservation, node_name: str, placement: Placement) -> bool:
+        return node_name == reservation.node and placement.gpu_indices == reservation.placement.gpu_indices
+
+    def _entry(self, name: str) -> _Entry:
+        entry = self._entries.get(name)
+        if entry is None:
+            with self._registry:
+                entry = self._entries.setdefault(name, _Entry(name))
+        return entry
+
+    def _refresh(self, entry: _Entry) -> None:
+        """Republish the node's summary and its place in every fit set; call with its lock held after any change."""
+        entry.reasons.clear()
+        name = entry.name
+        summary = None if entry.info is None else _summarise(entry.state)
+        if summary is None:
+            self._summaries.pop(name, None)
+        else:
+            self._summaries[name] = summary
+        with self._index_lock:
+            for fit_set in self._fit_sets.values():
+                fit_set.update(name, summary)
+
+
+def _inspect_node(node: Node) -> dict[str, Any]:
+    devs = []
+    for gpu in sorted(node.gpus, key=lambda g: g.index):
+        pods = []
+        for key, placement in node.placements.items():
+            if gpu.index in placement.gpu_indices:
+                namespace, _, name = key.partition("/")
+                used = gpu.total if placement.exclusive else placement.per_gpu
+                pods.append({"name": name, "namespace": namespace, "usedGPU": used})
+        devs.append({"id": gpu.index, "totalGPU": gpu.total, "usedGPU": gpu.used,
+                     "pods": sorted(pods, key=lambda p: (p["namespace"], p["name"]))})
+    return {"name": node.name, "totalGPU": sum(d["totalGPU"] for d in devs),
+            "usedGPU": sum(d["usedGPU"] for d in devs), "devs": devs}
+
+
+class ClusterWatch:
+    """Lists and watches nodes and pods through the kubernetes client and feeds a ``ClusterCache``.
+
+    ``core_api`` is a ``kubernetes.client.CoreV1Api``; objects travel as raw JSON dicts for speed.
+    """
+
+    def __init__(self, core_api: Any, cache: ClusterCache, watch_timeout_s: int = 300) -> None:
+        self.cache = cache
+        self._nodes = Informer(core_api.list_node, on_sync=self._sync_nodes, on_event=self._node_event,
+                               kind="nodes", watch_timeout_s=watch_timeout_s)
+        self._pods = Informer(core_api.list_pod_for_all_namespaces, on_sync=self._sync_pods,
+                              on_event=self._pod_event, kind="pods", watch_timeout_s=watch_timeout_s)
+
+    def start(self) -> None:
+        self._nodes.start()
+        self._pods.start()
+
+    def stop(self) -> None:
+        self._pods.stop()
+        self._nodes.stop()
+
+    @property
+    def synced(self) -> bool:
+        return self._nodes.synced.is_set() and self._pods.synced.is_set()
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        return self._nodes.synced.wait(timeout_s) and self._pods.synced.wait(timeout_s)
+
+    def _sync_nodes(self, items: list[Obj]) -> None:
+        self.cache.replace_nodes(node_info(o) for o in items)
+        log.info("node list loaded", extra={"nodes": len(items)})
+
+    def _node_event(self, kind: str, obj: Obj) -> None:
+        info = node_info(obj)
+        if kind == "DELETED":
+            self.cache.delete_node(info.name)
+        else:
+            self.cache.upsert_node(info)
+
+    def _sync_pods(self, items: list[Obj]) -> None:
+        self.cache.replace_pods(pod_info(o) for o in items)
+        log.info("pod list loaded", extra={"pods": len(items)})
+
+    def _pod_event(self, kind: str, obj: Obj) -> None:
+        pod = pod_info(obj)
+        if kind == "DELETED":
+            self.cache.delete_pod(pod)
+        else:
+            self.cache.upsert_pod(pod)

@@ -1,0 +1,274 @@
+"""The cluster cache on its own: accounting from annotations, reservations, relists, the filter's fast path."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpushare.cache import ClusterCache, ReservationError
+from gpushare.contract import (
+    ANN_NODE_INVENTORY,
+    RESOURCE_GPU_COUNT,
+    RESOURCE_GPU_MEM,
+    ContainerInfo,
+    GPUInventoryEntry,
+    MemoryUnit,
+    NodeInfo,
+    PodInfo,
+    PodRequest,
+    assignment_annotations,
+    encode_inventory,
+    parse_request,
+)
+from gpushare.model import Node, build_node
+from gpushare.policies import make_policy
+
+
+def node_info(name: str, gpus_mib: list[int], models: list[str] | None = None, cpu: str = "32") -> NodeInfo:
+    models = models or ["Tesla-T4"] * len(gpus_mib)
+    inventory = encode_inventory(GPUInventoryEntry(index=i, model=m, memory_mib=mib)
+                                 for i, (mib, m) in enumerate(zip(gpus_mib, models, strict=True)))
+    return NodeInfo(name=name, annotations={ANN_NODE_INVENTORY: inventory},
+                    capacity={"cpu": cpu, "memory": "64Gi"}, allocatable={"cpu": cpu, "memory": "64Gi"})
+
+
+def gpu_pod(name: str, units: int, count: int = 1, node: str | None = None, gpus: tuple[int, ...] = (),
+            phase: str = "Pending", uid: str = "", cpu: str = "1") -> PodInfo:
+    limits = {RESOURCE_GPU_MEM: str(units)}
+    if count > 1:
+        limits[RESOURCE_GPU_COUNT] = str(count)
+    pod = PodInfo(namespace="default", name=name, uid=uid or f"uid-{name}", node_name=node, phase=phase,
+                  containers=(ContainerInfo("main", limits=limits, requests={"cpu": cpu}),))
+    if gpus:
+        request = parse_request(pod)
+        ann = assignment_annotations(request, gpus, [16] * len(gpus), 1)
+        pod = PodInfo(namespace=pod.namespace, name=name, uid=pod.uid, node_name=node, phase=phase,
+                      annotations=ann, containers=pod.containers)
+    return pod
+
+
+def used(cache: ClusterCache, node: str) -> list[int]:
+    with cache.locked(node) as state:
+        assert state is not None
+        return [g.used for g in state.gpus]
+
+
+def binpack(node: Node, request: PodRequest) -> tuple[int, ...] | None:
+    candidate = make_policy("binpack").evaluate(node, request)
+    return None if candidate is None else candidate.gpus
+
+
+def test_mixed_models_on_one_node_keep_their_own_memory() -> None:
+    cache = ClusterCache(MemoryUnit.GiB)
+    cache.upsert_node(node_info("n1", [16160, 32510, 81559], ["Tesla-V100-16GB", "Tesla-V100-32GB", "A100-80GB"]))
+    [view] = cache.inspect("n1")
+    assert [d["totalGPU"] for d in view["devs"]] == [16, 32, 80]
+    assert view["totalGPU"] == 128
+
+
+def test_nodes_without_inventory_split_capacity_by_count() -> None:
+    cache = ClusterCache()
+    cache.upsert_node(NodeInfo(name="old", capacity={RESOURCE_GPU_MEM: "32", RESOURCE_GPU_COUNT: "2"}))
+    [view] = cache.inspect("old")
+    assert [d["totalGPU"] for d in view["devs"]] == [16, 16]
+
+
+def test_only_active_pods_count() -> None:
+    cache = ClusterCache()
+    cache.upsert_node(node_info("n1", [16384, 16384]))
+    cache.replace_pods([
+        gpu_pod("running", 4, node="n1", gpus=(0,), phase="Running"),
+        gpu_pod("done", 8, node="n1", gpus=(1,), phase="Succeeded"),
+        gpu_pod("failed", 8, node="n1", gpus=(1,), phase="Failed"),
+    ])
+    assert used(cache, "n1") == [4, 0]
+    terminating = gpu_pod("running", 4, node="n1", gpus=(0,), phase="Running")
+    cache.upsert_pod(PodInfo(**{**terminating.__dict__, "deleting": True}))
+    assert used(cache, "n1") == [0, 0]
+
+
+def test_pods_seen_before_their_node_are_counted_when_it_appears() -> None:
+    cache = ClusterCache()
+    cache.upsert_pod(gpu_pod("early", 6, node="late", gpus=(1,), phase="Running"))
+    assert cache.inspect("late") == []
+    cache.upsert_node(node_info("late", [16384, 16384]))
+    assert used(cache, "late") == [0, 6]
+
+
+def test_inventory_update_keeps_pods() -> None:
+    cache = ClusterCache()
+    cache.upsert_node(node_info("n1", [16384, 16384]))
+    cache.upsert_pod(gpu_pod("a", 6, node="n1", gpus=(1,), phase="Running"))
+    cache.upsert_node(node_info("n1", [16384, 32768]))
+    [view] = cache.inspect("n1")
+    assert [(d["totalGPU"], d["usedGPU"]) for d in view["devs"]] == [(16, 0), (32, 6)]
+    assert view["devs"][1]["pods"] == [{"name": "a", "namespace": "default", "usedGPU": 6}]
+
+
+def test_deleted_node_disappears_and_its_pods_return_with_it() -> None:
+    cache = ClusterCache()
+    cache.upsert_node(node_info("n1", [16384]))
+    cache.upsert_pod(gpu_pod("a", 6, node="n1", gpus=(0,), phase="Running"))
+    cache.replace_nodes([])
+    assert cache.node_names() == []
+    assert "n1" in cache.filter(["n1"], parse_request(gpu_pod("b", 1))).failed
+    cache.upsert_node(node_info("n1", [16384]))
+    assert used(cache, "n1") == [6]
+
+
+def test_relist_replaces_state() -> None:
+    cache = ClusterCache()
+    cache.upsert_node(node_info("n1", [16384, 16384]))
+    cache.upsert_pod(gpu_pod("gone", 8, node="n1", gpus=(0,), phase="Running"))
+    cache.replace_pods([gpu_pod("new", 3, node="n1", gpus=(1,), phase="Running")])
+    assert used(cache, "n1") == [0, 3]
+
+
+def test_reservation_holds_until_the_watch_confirms_it() -> None:
+    cache = ClusterCache()
+    cache.upsert_node(node_info("n1", [16384, 16384]))
+    pod = gpu_pod("p", 10)
+    request = parse_request(pod)
+    reservation = cache.reserve("n1", pod.key, pod.uid, request, lambda n: binpack(n, request))
+    assert used(cache, "n1") == [10, 0]
+    assert cache.filter(["n1"], parse_request(gpu_pod("q", 10))).passed == ["n1"]  # GPU 1 still free
+    assert cache.filter(["n1"], parse_request(gpu_pod("q", 20, count=2))).failed
+    cache.upsert_pod(pod)  # an event from before the bind must not drop the reservation
+    assert used(cache, "n1") == [10, 0]
+    cache.replace_pods([pod])  # nor a relist that still shows the pod pending
+    assert used(cache, "n1") == [10, 0]
+    cache.upsert_pod(gpu_pod("p", 10, node="n1", gpus=(0,), phase="Running"))
+    assert cache.reservations() == 0
+    cache.release(reservation)  # confirmed: releasing is a no-op
+    assert used(cache, "n1") == [10, 0]
+
+
+def test_released_reservation_frees_the_gpu() -> None:
+    cache = ClusterCache()
+    cache.upsert_node(node_info("n1", [16384]))
+    pod = gpu_pod("p", 10)
+    request = parse_request(pod)
+    reservation = cache.reserve("n1", pod.key, pod.uid, request, lambda n: binpack(n, request))
+    with pytest.raises(ReservationError, match="already being bound"):
+        cache.reserve("n1", pod.key, pod.uid, request, lambda n: binpack(n, request))
+    cache.release(reservation)
+    assert used(cache, "n1") == [0]
+    assert cache.reservations() == 0
+
+
+def test_reservation_of_a_deleted_pod_ends_with_it() -> None:
+    cache = ClusterCache()
+    cache.upsert_node(node_info("n1", [16384]))
+    pod = gpu_pod("p", 10)
+    request = parse_request(pod)
+    cache.reserve("n1", pod.key, pod.uid, request, lambda n: binpack(n, request))
+    cache.delete_pod(pod)
+    assert used(cache, "n1") == [0]
+
+
+def test_reserve_refuses_what_does_not_fit() -> None:
+    cache = ClusterCache()
+    cache.upsert_node(node_info("n1", [16384]))
+    request = parse_request(gpu_pod("big", 20))
+    with pytest.raises(ReservationError, match="no longer fits: node n1 has 0 GPU"):
+        cache.reserve("n1", "default/big", "u", request, lambda n: binpack(n, request))
+    with pytest.raises(ReservationError, match="not in the gpushare extender's cache"):
+        cache.reserve("nowhere", "default/big", "u", request, lambda n: binpack(n, request))
+
+
+def test_concurrent_reservations_never_overcommit() -> None:
+    cache = ClusterCache()
+    cache.upsert_node(node_info("n1", [16384, 16384]))
+    request = parse_request(gpu_pod("p", 3))
+    results: list[bool] = []
+
+    def bind(i: int) -> None:
+        try:
+            cache.reserve("n1", f"default/p{i}", str(i), request, lambda n: binpack(n, request))
+            results.append(True)
+        except ReservationError:
+            results.append(False)
+
+    threads = [threading.Thread(target=bind, args=(i,)) for i in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results.count(True) == 10  # 5 pods of 3 per 16 GiB GPU
+    assert used(cache, "n1") == [15, 15]
+
+
+def test_filter_sorts_nodes_into_passed_failed_and_unresolvable() -> None:
+    cache = ClusterCache()
+    cache.upsert_node(node_info("small", [8192]))
+    cache.upsert_node(node_info("full", [16384]))
+    cache.upsert_node(node_info("free", [16384]))
+    cache.upsert_pod(gpu_pod("hog", 16, node="full", gpus=(0,), phase="Running"))
+    out = cache.filter(["small", "full", "free", "ghost"], parse_request(gpu_pod("p", 12)))
+    assert out.passed == ["free"]
+    assert "has 0 GPU(s) with 12 free units" in out.failed["full"]
+    assert "not in the gpushare extender's cache" in out.failed["ghost"]
+    assert "largest GPU has 8" in out.unresolvable["small"]
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> tuple[list[NodeInfo], list[PodInfo], PodInfo]:
+    nodes = []
+    for i in range(draw(st.integers(1, 5))):
+        gpus = draw(st.lists(st.tuples(st.sampled_from([8192, 16384, 24576]), st.sampled_from(["a", "b"])),
+                             max_size=4))
+        nodes.append(node_info(f"n{i}", [mib for mib, _ in gpus], [model for _, model in gpus],
+                               cpu=draw(st.sampled_from(["2", "8"]))))
+    pods = []
+    for i in range(draw(st.integers(0, 12))):
+        node = draw(st.sampled_from(nodes))
+        pods.append(gpu_pod(f"p{i}", draw(st.integers(1, 8)), node=node.name,
+                            gpus=(draw(st.integers(0, 3)),), phase="Running", cpu=draw(st.sampled_from(["0", "1"]))))
+    count = draw(st.integers(1, 3))
+    new = gpu_pod("new", count * draw(st.integers(1, 12)), count=count, cpu=draw(st.sampled_from(["0", "3"])))
+    annotations = {}
+    if draw(st.booleans()):
+        annotations["gpushare.io/exclusive"] = "true"
+    if draw(st.booleans()):
+        annotations["gpushare.io/gpu-model"] = "a"
+    if draw(st.booleans()):
+        annotations["gpushare.io/gpu-compute"] = "50"
+    return nodes, pods, PodInfo(**{**new.__dict__, "annotations": annotations})
+
+
+@settings(max_examples=150, deadline=None)
+@given(clusters())
+def test_filter_agrees_with_the_model(cluster: tuple[list[NodeInfo], list[PodInfo], PodInfo]) -> None:
+    nodes, pods, new = cluster
+    cache = ClusterCache()
+    cache.replace_nodes(nodes)
+    request = parse_request(new)
+    cache.filter([n.name for n in nodes], request)  # the shape's fit set now exists and must follow the pods
+    cache.replace_pods(pods[: len(pods) // 2])
+    for pod in pods[len(pods) // 2:]:
+        cache.upsert_pod(pod)
+    out = cache.filter([n.name for n in nodes], request)
+    expected = [n.name for n in nodes if build_node(n, MemoryUnit.GiB, pods).fits(request)]
+    assert out.passed == expected
+    assert set(out.failed) | set(out.unresolvable) == {n.name for n in nodes} - set(expected)
+
+
+def test_repeated_filters_follow_every_change() -> None:
+    cache = ClusterCache()
+    cache.replace_nodes([node_info("a", [16384]), node_info("b", [16384])])
+    names = ["a", "b"]
+    request = parse_request(gpu_pod("p", 10))
+    assert cache.filter(list(names), request).passed == ["a", "b"]
+    cache.upsert_pod(gpu_pod("x", 8, node="a", gpus=(0,), phase="Running"))
+    out = cache.filter(list(names), request)
+    assert out.passed == ["b"]
+    assert "free: GPU0:8" in out.failed["a"]
+    cache.upsert_pod(gpu_pod("y", 2, node="a", gpus=(0,), phase="Running"))  # a still fails, with less free
+    assert "free: GPU0:6" in cache.filter(list(names), request).failed["a"]
+    cache.delete_pod(gpu_pod("x", 8, node="a", gpus=(0,), phase="Running"))
+    assert cache.filter(list(names), request).passed == ["a", "b"]
+    cache.delete_node("b")
+    assert cache.filter(list(names), request).passed == ["a"]

@@ -1,0 +1,380 @@
+"""The extender over real HTTP against the local API server: kube-scheduler's verbs, inspect, bad input."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from kubernetes import client
+from test_extender_harness import (
+    T4,
+    T4_MIB,
+    V100_32,
+    V100_32_MIB,
+    create_pod,
+    gpu_node,
+    pod_body,
+    read_pod,
+    running_extender,
+    spec,
+    wait_for,
+)
+
+from extender.binder import BindHooks
+from extender.config import ExtenderConfig
+from gpushare.contract import (
+    ANN_ASSIGNED,
+    ANN_CONTAINER_SHARES,
+    ANN_DEV,
+    ANN_GPU_INDICES,
+    ANN_IDX,
+    ANN_PER_GPU,
+    ANN_POD,
+    MemoryUnit,
+    PodInfo,
+)
+from gpushare.localcluster import LocalCluster
+
+FILTER_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+
+
+class Env:
+    def __init__(self, cluster: LocalCluster, url: str) -> None:
+        self.cluster = cluster
+        self.url = url
+        self.core = client.CoreV1Api(cluster.api_client())
+        self.http = httpx.Client(base_url=url, timeout=10)
+
+    def post(self, verb: str, payload: Any) -> httpx.Response:
+        return self.http.post(f"/gpushare-scheduler/{verb}", content=orjson.dumps(payload))
+
+    def nodes(self, *names: str) -> list[dict[str, Any]]:
+        listed: Any = self.core.list_node(_preload_content=False)
+        items: list[dict[str, Any]] = orjson.loads(listed.data)["items"]
+        return [n for n in items if n["metadata"]["name"] in names]
+
+    def bind(self, pod: dict[str, Any], node: str) -> str:
+        response = self.post("bind", {"PodName": pod["metadata"]["name"], "PodNamespace": "default",
+                                      "PodUID": pod["metadata"]["uid"], "Node": node})
+        assert response.status_code == 200
+        body = response.json()
+        assert set(body) == {"Error"}
+        return str(body["Error"])
+
+    def inspect(self, node: str | None = None) -> Any:
+        path = "/gpushare-scheduler/inspect" + (f"/{node}" if node else "")
+        return self.http.get(path).json()
+
+    def metric(self, name: str) -> float:
+        for line in self.http.get("/metrics").text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(f"metric {name} not exported")
+
+    def settled(self) -> None:
+        wait_for(lambda: self.metric("gpushare_extender_reservations") == 0, "the watch to confirm every bind")
+
+
+CLUSTER = spec(gpu_node("mixed", (T4, T4_MIB), (V100_32, V100_32_MIB)),
+               gpu_node("t4x2", (T4, T4_MIB), (T4, T4_MIB)),
+               gpu_node("cpu-only"))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(CLUSTER) as local:
+        yield local
+
+
+@pytest.fixture
+def env(cluster: LocalCluster) -> Iterator[Env]:
+    core = client.CoreV1Api(cluster.api_client())
+    core.delete_collection_namespaced_pod("default", grace_period_seconds=0)
+    with running_extender(cluster) as url:
+        yield Env(cluster, url)
+
+
+def test_filter_by_node_names(env: Env) -> None:
+    pod = create_pod(env.core, pod_body("p", 20))
+    response = env.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": ["mixed", "t4x2", "cpu-only", "ghost"]})
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert set(body) == FILTER_KEYS
+    assert body["NodeNames"] == ["mixed"]
+    assert body["Nodes"] is None
+    assert body["Error"] == ""
+    assert "largest GPU has 15" in body["FailedAndUnresolvableNodes"]["t4x2"]
+    assert "no GPUs that gpushare manages" in body["FailedAndUnresolvableNodes"]["cpu-only"]
+    assert "not in the gpushare extender's cache" in body["FailedNodes"]["ghost"]
+
+
+def test_filter_with_full_node_objects(env: Env) -> None:
+    pod = create_pod(env.core, pod_body("p", 10))
+    items = env.nodes("mixed", "t4x2", "cpu-only")
+    node_list = {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "7"}, "items": items}
+    body = env.post("filter", {"Pod": pod, "Nodes": node_list, "NodeNames": None}).json()
+    assert set(body) == FILTER_KEYS
+    assert body["NodeNames"] is None
+    assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["mixed", "t4x2"]
+    assert body["Nodes"]["items"] == [n for n in items if n["metadata"]["name"] != "cpu-only"]
+    assert body["Nodes"]["kind"] == "NodeList"
+    assert list(body["FailedAndUnresolvableNodes"]) == ["cpu-only"]
+
+
+def test_pod_without_gpu_passes_every_node(env: Env) -> None:
+    pod = create_pod(env.core, pod_body("plain"))
+    body = env.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": ["cpu-only", "ghost"]}).json()
+    assert body["NodeNames"] == ["cpu-only", "ghost"]
+    assert body["FailedNodes"] == {} and body["FailedAndUnresolvableNodes"] == {}
+
+
+def test_malformed_pod_request_is_an_error_sentence(env: Env) -> None:
+    pod = create_pod(env.core, pod_body("odd", 3, gpu_count=2))
+    body = env.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": ["mixed"]}).json()
+    assert set(body) == FILTER_KEYS
+    assert "does not divide evenly" in body["Error"]
+    assert body["NodeNames"] is None
+
+
+def test_prioritize_in_both_modes(env: Env) -> None:
+    busy = create_pod(env.core, pod_body("busy", 10))
+    assert env.bind(busy, "t4x2") == ""
+    pod = create_pod(env.core, pod_body("p", 4))
+    by_name = env.post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": ["mixed", "t4x2"]})
+    assert by_name.status_code == 200
+    scores = by_name.json()
+    assert all(set(entry) == {"Host", "Score"} for entry in scores)
+    # binpack: t4x2 has a GPU with 5 units free, the tightest fit for 4
+    assert {e["Host"]: e["Score"] for e in scores}["t4x2"] == 10
+    assert {e["Host"]: e["Score"] for e in scores}["mixed"] < 10
+    node_list = {"items": env.nodes("mixed", "t4x2")}
+    assert env.post("prioritize", {"Pod": pod, "Nodes": node_list, "NodeNames": None}).json() == scores
+
+
+def test_prioritize_uses_the_pods_policy(env: Env) -> None:
+    busy = create_pod(env.core, pod_body("busy", 10))
+    assert env.bind(busy, "t4x2") == ""
+    pod = create_pod(env.core, pod_body("p", 4, annotations={"gpushare.io/scheduler-policy": "spread"}))
+    scores = env.post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": ["mixed", "t4x2"]}).json()
+    assert {e["Host"]: e["Score"] for e in scores} == {"mixed": 10, "t4x2": 0}
+
+
+def test_bind_writes_annotations_then_binds(env: Env) -> None:
+    pod = create_pod(env.core, pod_body("p", 10))
+    assert env.bind(pod, "mixed") == ""
+    stored = read_pod(env.core, "p")
+    assert stored["spec"]["nodeName"] == "mixed"
+    ann = stored["metadata"]["annotations"]
+    assert (ann[ANN_IDX], ann[ANN_POD], ann[ANN_DEV], ann[ANN_ASSIGNED]) == ("0", "10", "15", "false")
+    env.settled()
+    assert env.inspect("mixed")["nodes"][0]["devs"][0]["pods"] == [{"name": "p", "namespace": "default",
+                                                                     "usedGPU": 10}]
+    assert env.metric("gpushare_extender_binds_total") == 1
+
+
+def test_mixed_models_get_their_own_memory(env: Env) -> None:
+    pod = create_pod(env.core, pod_body("big", 20))
+    assert env.bind(pod, "mixed") == ""
+    ann = read_pod(env.core, "big")["metadata"]["annotations"]
+    assert (ann[ANN_IDX], ann[ANN_DEV]) == ("1", "32")
+    view = env.inspect("mixed")
+    assert [(d["id"], d["totalGPU"], d["usedGPU"]) for d in view["nodes"][0]["devs"]] == [(0, 15, 0), (1, 32, 20)]
+    assert view["error"] == ""
+
+
+def test_multi_container_pod_is_accounted_as_one(env: Env) -> None:
+    pod = create_pod(env.core, pod_body("two", [3, 5]))
+    assert env.bind(pod, "t4x2") == ""
+    ann = read_pod(env.core, "two")["metadata"]["annotations"]
+    assert ann[ANN_POD] == "8"
+    assert json.loads(ann[ANN_CONTAINER_SHARES]) == {"c0": 3, "c1": 5}
+    env.settled()
+    assert env.inspect("t4x2")["nodes"][0]["usedGPU"] == 8
+
+
+def test_multi_gpu_pod_spans_gpus(env: Env) -> None:
+    pod = create_pod(env.core, pod_body("wide", 24, gpu_count=2))
+    body = env.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": ["mixed", "t4x2"]}).json()
+    assert body["NodeNames"] == ["mixed", "t4x2"]
+    assert env.bind(pod, "t4x2") == ""
+    ann = read_pod(env.core, "wide")["metadata"]["annotations"]
+    assert (ann[ANN_GPU_INDICES], ann[ANN_PER_GPU], ann[ANN_POD]) == ("0,1", "12", "24")
+    env.settled()
+    assert [d["usedGPU"] for d in env.inspect("t4x2")["nodes"][0]["devs"]] == [12, 12]
+    again = create_pod(env.core, pod_body("wide2", 8, gpu_count=2))
+    body = env.post("filter", {"Pod": again, "Nodes": None, "NodeNames": ["t4x2"]}).json()
+    assert "has 0 GPU(s) with 4 free units, the pod needs 2" in body["FailedNodes"]["t4x2"]
+
+
+def test_impossible_request_is_unresolvable(env: Env) -> None:
+    pod = create_pod(env.core, pod_body("huge", 64))
+    body = env.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": ["mixed", "t4x2"]}).json()
+    assert body["NodeNames"] == []
+    assert body["FailedAndUnresolvableNodes"]["mixed"] == (
+        "node mixed has 0 GPU(s) with 64 units or more, the pod needs 1 (its largest GPU has 32)")
+    assert set(body["FailedAndUnresolvableNodes"]) == {"mixed", "t4x2"}
+
+
+def test_bind_that_no_longer_fits_fails_cleanly(env: Env) -> None:
+    first = create_pod(env.core, pod_body("first", 30))
+    second = create_pod(env.core, pod_body("second", 30))
+    assert env.bind(first, "mixed") == ""
+    error = env.bind(second, "mixed")
+    assert "gpushare could not bind pod default/second to node mixed: the pod no longer fits" in error
+    stored = read_pod(env.core, "second")
+    assert ANN_IDX not in (stored["metadata"].get("annotations") or {})
+    assert not stored["spec"].get("nodeName")
+    events: Any = env.core.list_namespaced_event("default", _preload_content=False)
+    reasons = [(e["reason"], e["involvedObject"]["name"]) for e in orjson.loads(events.data)["items"]]
+    assert ("GPUShareBindFailed", "second") in reasons
+
+
+def test_bind_of_a_recreated_pod_is_refused(env: Env) -> None:
+    pod = create_pod(env.core, pod_body("p", 2))
+    stale = {**pod, "metadata": {**pod["metadata"], "uid": "not-the-uid"}}
+    assert "deleted and recreated" in env.bind(stale, "mixed")
+
+
+def test_bind_is_idempotent_once_bound(env: Env) -> None:
+    pod = create_pod(env.core, pod_body("p", 2))
+    assert env.bind(pod, "mixed") == ""
+    assert env.bind(pod, "mixed") == ""
+    assert "already bound to node mixed" in env.bind(pod, "t4x2")
+    env.settled()
+    assert env.inspect("mixed")["nodes"][0]["usedGPU"] == 2
+
+
+def test_bind_of_a_pod_without_gpu(env: Env) -> None:
+    pod = create_pod(env.core, pod_body("plain"))
+    assert env.bind(pod, "cpu-only") == ""
+    stored = read_pod(env.core, "plain")
+    assert stored["spec"]["nodeName"] == "cpu-only"
+    assert ANN_IDX not in (stored["metadata"].get("annotations") or {})
+
+
+def test_conflicting_change_between_read_and_patch_is_retried(cluster: LocalCluster) -> None:
+    core = client.CoreV1Api(cluster.api_client())
+    core.delete_collection_namespaced_pod("default", grace_period_seconds=0)
+    touched: list[str] = []
+
+    def meddle(pod: PodInfo) -> None:
+        if not touched:
+            touched.append(pod.resource_version)
+            core.patch_namespaced_pod(pod.name, pod.namespace, {"metadata": {"labels": {"meddled": "yes"}}},
+                                      _content_type="application/merge-patch+json")
+
+    with running_extender(cluster, hooks=BindHooks(after_read=meddle)) as url:
+        env = Env(cluster, url)
+        pod = create_pod(core, pod_body("p", 6))
+        assert env.bind(pod, "mixed") == ""
+        stored = read_pod(core, "p")
+        assert stored["metadata"]["labels"] == {"meddled": "yes"}
+        assert stored["metadata"]["annotations"][ANN_IDX] == "0"
+        assert stored["spec"]["nodeName"] == "mixed"
+        assert env.metric("gpushare_extender_bind_conflicts_total") == 1
+        env.settled()
+        assert env.inspect("mixed")["nodes"][0]["usedGPU"] == 6
+
+
+def test_failed_binding_undoes_annotations_and_reservation(cluster: LocalCluster) -> None:
+    core = client.CoreV1Api(cluster.api_client())
+    core.delete_collection_namespaced_pod("default", grace_period_seconds=0)
+
+    def bind_elsewhere(pod: PodInfo) -> None:
+        core.create_namespaced_binding(pod.namespace, client.V1Binding(
+            metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace),
+            target=client.V1ObjectReference(kind="Node", name="t4x2")), _preload_content=False)
+
+    with running_extender(cluster, hooks=BindHooks(before_binding=bind_elsewhere)) as url:
+        env = Env(cluster, url)
+        pod = create_pod(core, pod_body("p", 12))
+        error = env.bind(pod, "mixed")
+        assert error.startswith("gpushare could not bind pod default/p to node mixed: creating the Binding failed:")
+        assert "already assigned" in error
+        stored = read_pod(core, "p")
+        assert stored["spec"]["nodeName"] == "t4x2"
+        assert ANN_IDX not in (stored["metadata"].get("annotations") or {})
+        assert env.metric("gpushare_extender_reservations") == 0
+        assert env.inspect("mixed")["nodes"][0]["usedGPU"] == 0
+        assert env.metric('gpushare_extender_binds_total{result="failed"}') == 1
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "bind"])
+def test_malformed_json_is_400_with_a_sentence(env: Env, verb: str) -> None:
+    response = env.http.post(f"/gpushare-scheduler/{verb}", content=b"{not json")
+    assert response.status_code == 400
+    assert "not valid JSON" in response.json()["Error"]
+
+
+@pytest.mark.parametrize(("payload", "message"), [
+    ([], "must be a JSON object"),
+    ({"Pod": None, "NodeNames": []}, "ExtenderArgs.Pod must be a v1.Pod"),
+    ({"Pod": {"metadata": {}}, "NodeNames": "mixed"}, "NodeNames must be a list of node names"),
+    ({"Pod": {"metadata": {}}, "NodeNames": [1, 2]}, "NodeNames must be a list of node names"),
+    ({"Pod": {"metadata": {}}, "Nodes": {"items": [{}]}}, "items each have metadata.name"),
+    ({"Pod": {"metadata": {}}}, "neither NodeNames"),
+])
+def test_wrong_shapes_are_400(env: Env, payload: Any, message: str) -> None:
+    for verb in ("filter", "prioritize"):
+        response = env.post(verb, payload)
+        assert response.status_code == 400
+        assert message in response.json()["Error"]
+
+
+def test_bind_with_missing_fields_is_400(env: Env) -> None:
+    response = env.post("bind", {"PodName": "p", "PodNamespace": "default"})
+    assert response.status_code == 400
+    assert "ExtenderBindingArgs.PodUID must be" in response.json()["Error"]
+
+
+def test_inspect_unknown_node_is_404(env: Env) -> None:
+    response = env.http.get("/gpushare-scheduler/inspect/nowhere")
+    assert response.status_code == 404
+    assert response.json() == {"nodes": [], "error": "Node 'nowhere' is not in the gpushare extender's cache; "
+                                                     "check the name with 'kubectl get nodes'."}
+
+
+def test_inspect_lists_every_gpu_node(env: Env) -> None:
+    view = env.inspect()
+    assert view["error"] == ""
+    names = [n["name"] for n in view["nodes"]]
+    assert names == ["cpu-only", "mixed", "t4x2"]
+    mixed = view["nodes"][1]
+    assert set(mixed) == {"name", "totalGPU", "usedGPU", "devs"}
+    assert set(mixed["devs"][0]) == {"id", "totalGPU", "usedGPU", "pods"}
+
+
+def test_service_routes(env: Env) -> None:
+    assert env.http.get("/version").json() == {"version": "0.1.0"}
+    assert env.http.get("/healthz").status_code == 200
+    assert env.http.get("/readyz").status_code == 200
+    pod = create_pod(env.core, pod_body("p", 1))
+    env.post("filter", {"Pod": pod, "NodeNames": ["mixed"]})
+    text = env.http.get("/metrics").text
+    assert 'gpushare_extender_requests_total{code="200",verb="filter"} 1.0' in text
+    assert 'gpushare_extender_request_duration_seconds_count{verb="filter"} 1.0' in text
+    assert 'gpushare_gpu_memory_total{gpu="1",model="Tesla-V100-SXM2-32GB",node="mixed"} 32.0' in text
+
+
+def test_mib_unit(cluster: LocalCluster) -> None:
+    with running_extender(cluster, ExtenderConfig(unit=MemoryUnit.MiB)) as url:
+        env = Env(cluster, url)
+        assert [d["totalGPU"] for d in env.inspect("mixed")["nodes"][0]["devs"]] == [T4_MIB, V100_32_MIB]
+
+
+def test_learning_policy_chosen_by_the_pod(env: Env) -> None:
+    for i in range(3):
+        create_pod(env.core, pod_body(f"seen{i}", 5))
+        env.post("filter", {"Pod": read_pod(env.core, f"seen{i}"), "NodeNames": ["mixed", "t4x2"]})
+    pod = create_pod(env.core, pod_body("learner", 5, annotations={"gpushare.io/scheduler-policy": "fgd"}))
+    body = env.post("filter", {"Pod": pod, "NodeNames": ["mixed", "t4x2"]}).json()
+    assert body["Error"] == "" and body["NodeNames"] == ["mixed", "t4x2"]
+    scores = env.post("prioritize", {"Pod": pod, "NodeNames": ["mixed", "t4x2"]}).json()
+    assert sorted(e["Score"] for e in scores)[-1] == 10
+    best = next(e["Host"] for e in scores if e["Score"] == 10)
+    assert env.bind(pod, best) == ""

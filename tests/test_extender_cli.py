@@ -1,0 +1,108 @@
+"""``gpushare-extender`` as a process: flags, environment, JSON logs, HTTPS."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from test_extender_harness import T4, T4_MIB, gpu_node, spec
+
+from extender.config import ConfigError, parse_config
+from gpushare.contract import MemoryUnit
+from gpushare.localcluster import LocalCluster
+
+
+@contextmanager
+def extender_process(*flags: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, list[dict[str, object]]]]:
+    """Run the console script until it logs its address; yields the URL and the JSON log lines so far."""
+    process = subprocess.Popen([sys.executable, "-m", "extender", "--host", "127.0.0.1", *flags],
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    assert process.stderr is not None
+    logs: list[dict[str, object]] = []
+    try:
+        for line in process.stderr:
+            logs.append(json.loads(line))
+            message = str(logs[-1]["msg"])
+            if message.startswith("Uvicorn running on "):
+                yield message.split()[3], logs
+                return
+        raise AssertionError(f"the extender exited without serving: {logs}")
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with LocalCluster(spec(gpu_node("n1", (T4, T4_MIB)))) as cluster:
+        yield str(cluster.write_kubeconfig(tmp_path_factory.mktemp("kube") / "config"))
+
+
+def wait_ready(url: str, **kwargs: object) -> None:
+    deadline = time.monotonic() + 20
+    while httpx.get(url + "/readyz", **kwargs).status_code != 200:  # type: ignore[arg-type]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_serves_with_json_logs(kubeconfig: str) -> None:
+    with extender_process("--kubeconfig", kubeconfig, "--port", "0", "--unit", "MiB") as (url, logs):
+        wait_ready(url)
+        view = httpx.get(url + "/gpushare-scheduler/inspect/n1").json()
+        assert view["nodes"][0]["totalGPU"] == T4_MIB
+    started = next(entry for entry in logs if entry["msg"] == "starting gpushare extender")
+    assert started["level"] == "INFO" and started["unit"] == "MiB" and started["policy"] == "binpack"
+    assert all("color_message" not in entry for entry in logs)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+def test_serves_https(kubeconfig: str, tmp_path: Path) -> None:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    with extender_process("--kubeconfig", kubeconfig, "--tls-cert", str(cert), "--tls-key", str(key),
+                          env={"PORT": "0"}) as (url, _):
+        assert url.startswith("https://")
+        wait_ready(url, verify=False)
+        assert httpx.get(url + "/version", verify=False).json() == {"version": "0.1.0"}
+
+
+def test_config_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PORT", "12345")
+    config = parse_config(["--unit", "MiB", "--policy", "spread", "--tie-seed", "7", "--log-level", "debug"])
+    assert (config.port, config.unit, config.policy, config.tie_seed, config.log_level) == (
+        12345, MemoryUnit.MiB, "spread", 7, "DEBUG")
+    assert parse_config(["--port", "8080"]).port == 8080
+    monkeypatch.delenv("PORT")
+    assert parse_config([]).port == 39999
+
+
+@pytest.mark.parametrize(("argv", "env", "message"), [
+    (["--tls-cert", "/etc/hostname"], {}, "--tls-cert and --tls-key go together"),
+    ([], {"PORT": "http"}, "PORT='http' is not a port number"),
+    (["--port", "70000"], {}, "Port 70000 is out of range"),
+    (["--policy", "random"], {}, "Unknown placement policy 'random'"),
+    (["--kubeconfig", "/nonexistent/config"], {}, "/nonexistent/config does not exist"),
+])
+def test_bad_config_is_a_sentence(monkeypatch: pytest.MonkeyPatch, argv: list[str], env: dict[str, str],
+                                  message: str) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        parse_config(argv)
+
+
+def test_bad_config_exits_with_status_2() -> None:
+    result = subprocess.run([sys.executable, "-m", "extender", "--policy", "random"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2
+    assert "gpushare-extender: Unknown placement policy 'random'" in result.stderr
