@@ -44,8 +44,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"gpushare-extender: cannot find the cluster: {exc}. Pass --kubeconfig, or run it in a pod with a "
               "service account.", file=sys.stderr)
         raise SystemExit(2) from None
-    log.info("starting gpushare extender", extra={"version": __version__, "port": config.port,
-                                                  "policy": config.policy, "unit": config.unit.value})
+    leader = config.leader
+    log.info("starting gpushare extender", extra={
+        "version": __version__, "port": config.port, "policy": config.policy, "unit": config.unit.value,
+        "lease": f"{leader.namespace}/{leader.name}" if leader else None,
+        "identity": leader.identity if leader else None, "advertise_url": leader.advertise_url if leader else None})
     uvicorn.run(create_app(config, cluster), host=config.host, port=config.port,
                 ssl_certfile=str(config.tls_cert) if config.tls_cert else None,
                 ssl_keyfile=str(config.tls_key) if config.tls_key else None,

@@ -16,6 +16,8 @@ from starlette.concurrency import run_in_threadpool
 
 from extender.binder import Binder, BindHooks
 from extender.config import ExtenderConfig
+from extender.forward import FORWARDED_BY_HEADER, BindForwarder
+from extender.leader import LeaderElector
 from extender.metrics import ExtenderMetrics
 from extender.placement import PolicyBook
 from extender.verbs import Verbs
@@ -50,16 +52,30 @@ def create_app(config: ExtenderConfig, api_client: Any, hooks: BindHooks | None 
     book = PolicyBook(config.policy)
     verbs = Verbs(cache, book, config.tie_seed)
     binder = Binder(core, cache, book, hooks)
-    metrics = ExtenderMetrics(cache)
+    elector: LeaderElector | None = None
+    forwarder: BindForwarder | None = None
+    if config.leader is not None:
+        # A replica contends only once its cache holds the whole cluster, so a new leader never binds from an
+        # empty cache; the previous leader's placements are in pod annotations, written before each Binding.
+        elector = LeaderElector(client.CoordinationV1Api(api_client), config.leader, lambda: watch.synced)
+        forwarder = BindForwarder(config.leader.identity, config.peer_ca)
+    metrics = ExtenderMetrics(cache, lambda: elector is None or elector.is_leader)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         watch.start()
         freezer = asyncio.create_task(_freeze_when_synced(watch))
+        if elector is not None and forwarder is not None:
+            await forwarder.open()
+            elector.start()
         try:
             yield
         finally:
             freezer.cancel()
+            if elector is not None and forwarder is not None:
+                # Requests have finished by now: hand the lease back so that a peer binds at once.
+                await run_in_threadpool(elector.stop)
+                await forwarder.close()
             await run_in_threadpool(watch.stop)
 
     app = FastAPI(title="gpushare scheduler extender", version=__version__, lifespan=lifespan,
@@ -95,10 +111,15 @@ def create_app(config: ExtenderConfig, api_client: Any, hooks: BindHooks | None 
     @app.post(PREFIX + "/bind")
     async def bind_verb(request: Request) -> Response:
         with metrics.timed("bind"):
+            body = await request.body()
             try:
-                args = parse_binding_args(await request.body())
+                args = parse_binding_args(body)
             except BadRequest as exc:
                 return bad_request("bind", exc)
+            if elector is not None and forwarder is not None and not elector.is_leader:
+                answer = await forwarder.forward(body, args, elector.view(), request.headers.get(FORWARDED_BY_HEADER))
+                metrics.count("bind", answer.status)
+                return Response(answer.body, status_code=answer.status, media_type="application/json")
             outcome = await run_in_threadpool(binder.bind, args)
             metrics.binds.labels("failed" if outcome.error else "bound").inc()
             metrics.bind_conflicts.inc(outcome.conflicts)
@@ -120,6 +141,14 @@ def create_app(config: ExtenderConfig, api_client: Any, hooks: BindHooks | None 
     @app.get("/version")
     def version() -> Response:
         return _json({"version": __version__})
+
+    @app.get("/leader")
+    def leader() -> Response:
+        if elector is None:
+            return _json({"leaderElection": False, "leader": True, "identity": "", "holder": "", "leaderURL": ""})
+        view = elector.view()
+        return _json({"leaderElection": True, "leader": view.is_leader, "identity": elector.settings.identity,
+                      "holder": view.holder, "leaderURL": view.leader_url})
 
     @app.get("/healthz")
     def healthz() -> Response:

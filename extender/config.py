@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from extender.leader import DEFAULT_LEASE_DURATION_S, DEFAULT_LEASE_NAME, DEFAULT_RENEW_PERIOD_S, LeaseSettings
 from gpushare.contract import MemoryUnit
 from gpushare.logs import LEVELS
 from gpushare.policies import DEFAULT_POLICY, policy_names
@@ -30,6 +32,8 @@ class ExtenderConfig:
     policy: str = DEFAULT_POLICY
     tie_seed: int = 0
     kubeconfig: Path | None = None
+    leader: LeaseSettings | None = None  # None: a single replica, which binds itself
+    peer_ca: Path | None = None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,7 +55,61 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tie-seed", type=int, default=0, help="seed that breaks ties between equal nodes")
     parser.add_argument("--kubeconfig", type=Path, default=None,
                         help="kubeconfig file (default: in-cluster config, else $KUBECONFIG or ~/.kube/config)")
+    ha = parser.add_argument_group("high availability (several replicas, one of which binds)")
+    ha.add_argument("--leader-elect", action="store_true",
+                    help="elect one replica to bind through a Lease; the others forward binds to it")
+    ha.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE") or "kube-system",
+                    help="namespace of the Lease (default: $POD_NAMESPACE, else kube-system)")
+    ha.add_argument("--lease-name", default=DEFAULT_LEASE_NAME,
+                    help=f"name of the Lease (default {DEFAULT_LEASE_NAME})")
+    ha.add_argument("--lease-identity", default=os.environ.get("POD_NAME") or socket.gethostname(),
+                    help="this replica's name in the Lease (default: $POD_NAME, else the host name)")
+    ha.add_argument("--advertise-url", default="",
+                    help="where the other replicas reach this one (default: http(s)://$POD_IP:<port>)")
+    ha.add_argument("--lease-duration", type=int, default=DEFAULT_LEASE_DURATION_S,
+                    help=f"seconds without renewal after which another replica may take the Lease "
+                         f"(default {DEFAULT_LEASE_DURATION_S})")
+    ha.add_argument("--lease-renew-period", type=float, default=DEFAULT_RENEW_PERIOD_S,
+                    help=f"seconds between the leader's renewals and the followers' reads of the Lease "
+                         f"(default {DEFAULT_RENEW_PERIOD_S:g})")
+    ha.add_argument("--peer-ca", type=Path, default=None,
+                    help="CA bundle that signed the replicas' certificates, to forward binds to the leader over "
+                         "HTTPS (default: the system's trust store)")
     return parser
+
+
+def _advertise_url(args: argparse.Namespace, port: int) -> str:
+    if args.advertise_url:
+        if not args.advertise_url.startswith(("http://", "https://")):
+            raise ConfigError(f"--advertise-url {args.advertise_url!r} must be an http:// or https:// URL, such as "
+                              f"http://10.0.0.7:{DEFAULT_PORT}.")
+        return str(args.advertise_url)
+    if port == 0:
+        raise ConfigError("--leader-elect with --port 0 leaves the other replicas no port to reach this one; "
+                          "choose a port or pass --advertise-url.")
+    host = os.environ.get("POD_IP") or (args.host if args.host not in ("0.0.0.0", "::", "") else socket.gethostname())
+    if ":" in host:
+        host = f"[{host}]"
+    scheme = "https" if args.tls_cert else "http"
+    return f"{scheme}://{host}:{port}"
+
+
+def _lease_settings(args: argparse.Namespace, port: int) -> LeaseSettings | None:
+    if not args.leader_elect:
+        return None
+    if args.lease_duration < 1:
+        raise ConfigError(f"--lease-duration {args.lease_duration} must be at least 1 second.")
+    if not 0 < args.lease_renew_period * 2 <= args.lease_duration:
+        raise ConfigError(f"--lease-renew-period {args.lease_renew_period:g} must be above 0 and at most half of "
+                          f"--lease-duration ({args.lease_duration}), so that the leader renews at least twice "
+                          "before another replica may take over.")
+    for flag, value in (("--lease-namespace", args.lease_namespace), ("--lease-name", args.lease_name),
+                        ("--lease-identity", args.lease_identity)):
+        if not value:
+            raise ConfigError(f"{flag} must not be empty.")
+    return LeaseSettings(namespace=args.lease_namespace, name=args.lease_name, identity=args.lease_identity,
+                         advertise_url=_advertise_url(args, port), duration_s=args.lease_duration,
+                         renew_period_s=args.lease_renew_period)
 
 
 def parse_config(argv: Sequence[str] | None = None) -> ExtenderConfig:
@@ -68,9 +126,10 @@ def parse_config(argv: Sequence[str] | None = None) -> ExtenderConfig:
         raise ConfigError("--tls-cert and --tls-key go together; give both to serve HTTPS, or neither.")
     if args.policy not in policy_names():
         raise ConfigError(f"Unknown placement policy {args.policy!r}; use one of {', '.join(policy_names())}.")
-    for path in (args.tls_cert, args.tls_key, args.kubeconfig):
+    for path in (args.tls_cert, args.tls_key, args.kubeconfig, args.peer_ca):
         if path is not None and not path.is_file():
             raise ConfigError(f"{path} does not exist or is not a file.")
     return ExtenderConfig(host=args.host, port=port, tls_cert=args.tls_cert, tls_key=args.tls_key,
                           unit=MemoryUnit(args.unit), log_level=args.log_level, policy=args.policy,
-                          tie_seed=args.tie_seed, kubeconfig=args.kubeconfig)
+                          tie_seed=args.tie_seed, kubeconfig=args.kubeconfig, leader=_lease_settings(args, port),
+                          peer_ca=args.peer_ca)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -18,8 +18,9 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 class _ClusterCollector(Collector):
     """Reads the cache at scrape time, so serving requests never pays for the gauges."""
 
-    def __init__(self, cache: ClusterCache) -> None:
+    def __init__(self, cache: ClusterCache, is_leader: Callable[[], bool]) -> None:
         self._cache = cache
+        self._is_leader = is_leader
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         labels = ["node", "gpu", "model"]
@@ -38,12 +39,15 @@ class _ClusterCollector(Collector):
         yield GaugeMetricFamily("gpushare_extender_reservations",
                                 "GPU reservations of binds not yet confirmed by the watch.",
                                 value=self._cache.reservations())
+        yield GaugeMetricFamily("gpushare_extender_leader",
+                                "1 on the replica that binds (the Lease holder, or the only replica without "
+                                "--leader-elect), else 0.", value=1 if self._is_leader() else 0)
 
 
 class ExtenderMetrics:
     """One registry per app, so several extenders can live in one process (tests, benchmarks)."""
 
-    def __init__(self, cache: ClusterCache) -> None:
+    def __init__(self, cache: ClusterCache, is_leader: Callable[[], bool] = lambda: True) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("gpushare_extender_requests", "Extender requests by verb and HTTP status.",
                                 ["verb", "code"], registry=self.registry)
@@ -55,7 +59,7 @@ class ExtenderMetrics:
         self.bind_conflicts = Counter("gpushare_extender_bind_conflicts",
                                       "Binds that found the pod changed since it was read and decided again.",
                                       registry=self.registry)
-        self.registry.register(_ClusterCollector(cache))
+        self.registry.register(_ClusterCollector(cache, is_leader))
 
     @contextmanager
     def timed(self, verb: str) -> Iterator[None]:

@@ -133,6 +133,7 @@ def test_default_scheduler_config_matches_the_command(rendered: dict[str, Docs])
     assert scheduler_config(rendered["default"]) == expected
     assert not {"ServiceMonitor", "PodMonitor", "PodDisruptionBudget"} & kinds(rendered["default"])
     assert find(rendered["default"], "Deployment")["metadata"]["name"] == "gpushare-extender"
+    assert "--leader-elect" not in container(find(rendered["default"], "Deployment"))["args"]
 
 
 def test_second_scheduler(rendered: dict[str, Docs]) -> None:
@@ -165,6 +166,10 @@ def test_ha_tls_and_monitoring(rendered: dict[str, Docs]) -> None:
     assert "podAntiAffinity" in deployment["spec"]["template"]["spec"]["affinity"]
     extender = container(deployment)
     assert "--tls-cert=/etc/gpushare/tls/tls.crt" in extender["args"]
+    assert {"--leader-elect", "--lease-name=gpushare-extender", "--peer-ca=/etc/gpushare/tls/ca.crt"} <= set(
+        extender["args"])
+    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in extender["env"]} == {
+        "POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_IP": "status.podIP"}
     assert extender["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     assert find(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
     lease = find(docs, "Role", "gpushare-extender-leader-election")
