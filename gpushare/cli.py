@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from gpushare import schedconfig
+from gpushare.policies import DEFAULT_POLICY
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="GPU sharing for Kubernetes: operator tools.")
@@ -74,7 +75,7 @@ def scheduler_config(
 
 @app.command("demo")
 def demo(
-    policy: Annotated[str, typer.Option(help="The extender's placement policy.")] = "binpack",
+    policy: Annotated[str, typer.Option(help="The extender's placement policy.")] = DEFAULT_POLICY,
     workdir: Annotated[str | None, typer.Option(
         help="Folder for the cluster description, kubeconfig and component logs (default: a new temp folder).")
     ] = None,

@@ -137,13 +137,15 @@ class ModelRule:
     substring: bool = False
 
     def accepts(self, model: str) -> bool:
+        if not self.include and not self.exclude:
+            return True  # the common case, asked once per GPU per node per pod: keep it cheap
         name = model.lower()
         if self.substring:
-            matches = [p in name for p in self.include], [p in name for p in self.exclude]
+            included = any(p in name for p in self.include)
+            excluded = any(p in name for p in self.exclude)
         else:
-            matches = [p == name for p in self.include], [p == name for p in self.exclude]
-        included, excluded = matches
-        return (not self.include or any(included)) and not any(excluded)
+            included, excluded = name in self.include, name in self.exclude
+        return (not self.include or included) and not excluded
 
     def describe(self) -> str:
         parts = []

@@ -19,6 +19,7 @@ from test_extender_harness import T4, T4_MIB, gpu_node, spec
 from extender.config import ConfigError, parse_config
 from gpushare.contract import MemoryUnit
 from gpushare.localcluster import LocalCluster
+from gpushare.policies import DEFAULT_POLICY
 
 
 @contextmanager
@@ -60,7 +61,7 @@ def test_serves_with_json_logs(kubeconfig: str) -> None:
         view = httpx.get(url + "/gpushare-scheduler/inspect/n1").json()
         assert view["nodes"][0]["totalGPU"] == T4_MIB
     started = next(entry for entry in logs if entry["msg"] == "starting gpushare extender")
-    assert started["level"] == "INFO" and started["unit"] == "MiB" and started["policy"] == "binpack"
+    assert started["level"] == "INFO" and started["unit"] == "MiB" and started["policy"] == DEFAULT_POLICY
     assert all("color_message" not in entry for entry in logs)
 
 

@@ -22,6 +22,7 @@ from test_extender_harness import (
     wait_for,
 )
 
+from extender.config import ExtenderConfig
 from gpushare.contract import ANN_IDX
 from gpushare.localcluster import LocalCluster
 from gpushare.localcluster.scheduler import SchedulerLoop
@@ -38,7 +39,8 @@ def cluster() -> Iterator[LocalCluster]:
 
 @pytest.fixture(scope="module")
 def extender(cluster: LocalCluster) -> Iterator[str]:
-    with running_extender(cluster) as url:
+    # the placements asserted below are binpack's, whatever the default policy is
+    with running_extender(cluster, ExtenderConfig(policy="binpack")) as url:
         yield url + "/gpushare-scheduler"
 
 

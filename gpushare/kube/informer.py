@@ -54,7 +54,7 @@ class Informer:
             try:
                 response.shutdown()  # unblocks the reading thread; close() alone leaves it waiting for data
                 response.close()
-            except Exception:  # noqa: BLE001 - closing a broken stream is best effort
+            except Exception:
                 pass
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -65,7 +65,7 @@ class Informer:
                 version = self._list_all()
                 self.synced.set()
                 self._watch(version)
-            except Exception as exc:  # noqa: BLE001 - the informer must outlive API hiccups
+            except Exception as exc:
                 if self._stop.is_set():
                     return
                 log.warning("watch of %s failed, listing again: %s", self.kind, exc,

@@ -5,13 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpushare.policies.base import Policy
+from gpushare.policies.fgd import FragmentationGradient
+from gpushare.policies.lookahead import FragmentationLookahead
 from gpushare.policies.simple import Binpack, Spread
+from gpushare.policies.workload import WorkloadDistribution
 
-DEFAULT_POLICY = "binpack"
+DEFAULT_POLICY = "fgd-lookahead"
 
-_FACTORIES: dict[str, Callable[[], Policy]] = {
-    "binpack": Binpack,
-    "spread": Spread,
+# Each factory receives the workload distribution the policy should learn from (or None for a fresh one).
+_FACTORIES: dict[str, Callable[[WorkloadDistribution | None], Policy]] = {
+    "binpack": lambda _: Binpack(),
+    "spread": lambda _: Spread(),
+    "fgd": FragmentationGradient,
+    "fgd-lookahead": FragmentationLookahead,
 }
 
 
@@ -19,8 +25,10 @@ def policy_names() -> tuple[str, ...]:
     return tuple(_FACTORIES)
 
 
-def make_policy(name: str) -> Policy:
+def make_policy(name: str, workload: WorkloadDistribution | None = None) -> Policy:
+    """A fresh policy; ``workload`` seeds those that model the workload (others ignore it)."""
     try:
-        return _FACTORIES[name]()
+        factory = _FACTORIES[name]
     except KeyError:
         raise ValueError(f"Unknown placement policy {name!r}; choose one of {', '.join(_FACTORIES)}.") from None
+    return factory(workload)

@@ -11,7 +11,8 @@ class Binpack:
     """Tightest GPU that fits (ties: lowest index); prefer the node where that GPU is tightest.
 
     The node score is the fraction of the chosen GPUs' memory in use after placing the pod, so a pod
-    that fills a GPU exactly scores 1.0.
+    that fills a GPU exactly scores 1.0. A pod without GPUs scores the same everywhere it fits: binpack
+    ranks GPU placements only, so the tie-break (kube-scheduler's own scoring in a cluster) decides.
     """
 
     name = "binpack"
@@ -19,6 +20,8 @@ class Binpack:
     def evaluate(self, node: Node, request: PodRequest) -> Candidate | None:
         if not node.fits_host_resources(request):
             return None
+        if request.gpu_count == 0:
+            return Candidate(0.0, ())
         hosts = node.hosts(request)
         if len(hosts) < request.gpu_count:
             return None
@@ -33,13 +36,16 @@ class Binpack:
 
 
 class Spread:
-    """Emptiest GPU, and the node with the most free GPU memory left afterwards (HAMi's spread)."""
+    """Emptiest GPU, and the node with the most free GPU memory left afterwards (HAMi's spread). A pod
+    without GPUs scores the same everywhere it fits, as with binpack."""
 
     name = "spread"
 
     def evaluate(self, node: Node, request: PodRequest) -> Candidate | None:
         if not node.fits_host_resources(request):
             return None
+        if request.gpu_count == 0:
+            return Candidate(0.0, ())
         hosts = node.hosts(request)
         if len(hosts) < request.gpu_count:
             return None

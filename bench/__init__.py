@@ -1,0 +1,1 @@
+"""Benchmarks and trace replays; run as ``python -m bench.<name>`` from the repository root."""

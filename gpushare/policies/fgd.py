@@ -1,0 +1,200 @@
+"""Fragmentation gradient descent (FGD, Weng et al., USENIX ATC 2023) on gpushare's node model.
+
+A node's fragmentation for one expected task shape m is the idle GPU memory that m could not use there:
+all of it if m cannot run on the node at all (no GPU of an accepted model, too little CPU, too few GPUs with
+room), otherwise the idle memory on GPUs that m cannot use (too little free, or a model m does not accept).
+The node's fragmentation F is the expectation over the target workload. FGD places a pod where F grows
+least, trying every distinct GPU the pod could take on each node.
+
+Amounts are in the node's memory units and a task's share is absolute: a 4 GiB task needs 4 GiB free on
+any card. In the openb trace every GPU is modelled as 1000 units, so units are the paper's gpu_milli.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator, Sequence
+from itertools import accumulate
+
+from gpushare.contract import PodRequest
+from gpushare.model import GPU, Node
+from gpushare.policies.base import Candidate, pick_gpus
+from gpushare.policies.workload import Shape, Target, WorkloadDistribution
+
+# One model's GPUs on a node: the model, the free units of each GPU sorted, and those of untouched GPUs.
+Pool = tuple[str, tuple[int, ...], tuple[int, ...]]
+# What F depends on: the node's free CPU (or how many of the target's CPU thresholds it meets) and its pools.
+StateKey = tuple[int, tuple[Pool, ...]]
+
+# The memo of F per node state is dropped when it grows past this many entries.
+MEMO_LIMIT = 200_000
+# A node with no CPU capacity recorded has no CPU limit.
+UNLIMITED = 1 << 62
+# Probabilities become integer weights (parts per million) so that F is an exact integer: placements that
+# fragment equally compare equal, and the tie goes to node priority rather than to rounding noise.
+PRECISION = 1_000_000
+
+
+class FragmentationMeasure:
+    """F for one target workload: the README's measure, prepared for fast evaluation.
+
+    F depends on the node's free CPU only through which of the target's CPU thresholds it meets, so the
+    state a value is memoised under records that class, not the exact amount. ``step`` is the resolution
+    at which policies compare growth (0: exactly).
+    """
+
+    step = 0
+
+    def __init__(self, target: Target) -> None:
+        self.thresholds = sorted({shape.cpu_milli for shape, _ in target})
+        self.shapes = tuple((round(p * PRECISION), s.cpu_milli, s.gpu_count, s.per_gpu, s.exclusive)
+                            for s, p in target)
+        self._ranks = tuple(bisect_left(self.thresholds, s.cpu_milli) for s, _ in target)
+        self._rules = tuple(s.models for s, _ in target)
+        self._accepts: dict[str, tuple[bool, ...]] = {}
+
+    def accepts(self, model: str) -> tuple[bool, ...]:
+        found = self._accepts.get(model)
+        if found is None:
+            found = self._accepts[model] = tuple(rule.accepts(model) for rule in self._rules)
+        return found
+
+    def state(self, cpu_free: int, pools: tuple[Pool, ...]) -> StateKey:
+        return (bisect_right(self.thresholds, cpu_free), pools)
+
+    def amount(self, state: StateKey) -> int:
+        """F in memory units times ``PRECISION``."""
+        cpu_class, pools = state
+        idle = sum(sum(frees) for _, frees, _ in pools)
+        if idle == 0:
+            return 0
+        prepared = [(self.accepts(model), frees, tuple(accumulate(frees, initial=0)), wholes)
+                    for model, frees, wholes in pools]
+        total = 0
+        for i, ((weight, _, count, per_gpu, exclusive), rank) in enumerate(zip(self.shapes, self._ranks,
+                                                                               strict=True)):
+            if rank >= cpu_class:
+                total += weight * idle
+                continue
+            hosts = usable = 0
+            for accepts, frees, prefix, wholes in prepared:
+                if not accepts[i]:
+                    continue
+                if exclusive:
+                    hosts += len(wholes)
+                    usable += sum(wholes)
+                else:
+                    k = bisect_left(frees, per_gpu)
+                    hosts += len(frees) - k
+                    usable += prefix[-1] - prefix[k]
+            total += weight * (idle if hosts < count else idle - usable)
+        return total
+
+
+def _whole(gpu: GPU) -> bool:
+    return gpu.total > 0 and gpu.used == 0 and gpu.holders == 0 and gpu.free == gpu.total
+
+
+def _pools(gpus: Sequence[GPU], changed: dict[int, int]) -> tuple[Pool, ...]:
+    """The node's pools, with the GPUs in ``changed`` (index -> units taken) as if the pod were placed."""
+    frees: dict[str, list[int]] = {}
+    wholes: dict[str, list[int]] = {}
+    for gpu in gpus:
+        free = gpu.free
+        taken = changed.get(gpu.index)
+        frees.setdefault(gpu.model, []).append(free if taken is None else free - taken)
+        if taken is None and _whole(gpu):
+            wholes.setdefault(gpu.model, []).append(free)
+    return tuple((model, tuple(sorted(values)), tuple(sorted(wholes.get(model, ()))))
+                 for model, values in sorted(frees.items()))
+
+
+class FragmentationGradient:
+    """Place each pod where the node's expected fragmentation grows least. On a node, the first GPU set
+    (lowest index) of those that grow F least; across nodes the score is minus the growth."""
+
+    name = "fgd"
+    measure_type: type[FragmentationMeasure] = FragmentationMeasure
+
+    def __init__(self, workload: WorkloadDistribution | None = None) -> None:
+        self.workload = workload if workload is not None else WorkloadDistribution()
+        self._measure = self.measure_type(self.workload.target)
+        self._measure_version = self.workload.version
+        self._memo: dict[StateKey, int] = {}
+
+    @property
+    def version(self) -> int:
+        """Changes whenever the target workload does, and with it the answers of ``evaluate``."""
+        return self.workload.version
+
+    def observe(self, request: PodRequest) -> None:
+        self.workload.observe(Shape.of(request))
+
+    def measure(self) -> FragmentationMeasure:
+        """The measure for the current target workload (rebuilt, and the memo dropped, when it changes)."""
+        if self._measure_version != self.workload.version:
+            self._measure = self.measure_type(self.workload.target)
+            self._measure_version = self.workload.version
+            self._memo.clear()
+        return self._measure
+
+    def fragmentation(self, node: Node) -> float:
+        """The node's expected fragmentation F under the current target workload, in memory units."""
+        return self._fragmentation(self._key(node, node.cpu_milli - node.cpu_used, {})) / PRECISION
+
+    def evaluate(self, node: Node, request: PodRequest) -> Candidate | None:
+        if not node.fits_host_resources(request):
+            return None
+        hosts = node.hosts(request) if request.gpu_count else []
+        if len(hosts) < request.gpu_count:
+            return None
+        cpu_free = node.cpu_milli - node.cpu_used
+        before = self._fragmentation(self._key(node, cpu_free, {}))
+        best: tuple[int, tuple[GPU, ...]] | None = None
+        for chosen in self.choices(hosts, request):
+            taken = {g.index: g.free if request.exclusive else request.per_gpu for g in chosen}
+            growth = self._fragmentation(self._key(node, cpu_free - request.cpu_milli, taken)) - before
+            if best is None or growth < best[0]:
+                best = (growth, chosen)
+        if best is None:
+            return None
+        return Candidate(self._score(best[0]), tuple(g.index for g in best[1]))
+
+    def choices(self, hosts: Sequence[GPU], request: PodRequest) -> Iterator[tuple[GPU, ...]]:
+        """The GPU sets worth comparing: each distinct GPU for a one-GPU share; otherwise the best-connected
+        set in index order and in tightest-first order (whole free GPUs all look alike to F)."""
+        if request.gpu_count == 0:
+            yield ()
+            return
+        if request.gpu_count == 1 and not request.exclusive:
+            seen: set[tuple[str, int, bool]] = set()
+            for gpu in sorted(hosts, key=lambda g: g.index):
+                kind = (gpu.model, gpu.free, _whole(gpu))
+                if kind not in seen:
+                    seen.add(kind)
+                    yield (gpu,)
+            return
+        by_index = pick_gpus(hosts, request.gpu_count, sorted(hosts, key=lambda g: g.index))
+        yield by_index
+        tightest = pick_gpus(hosts, request.gpu_count, sorted(hosts, key=lambda g: (g.free, g.index)))
+        if {g.index for g in tightest} != {g.index for g in by_index}:
+            yield tightest
+
+    def _score(self, growth: int) -> float:
+        """Minus the growth of F in memory units, rounded to the measure's step (ties go to node priority)."""
+        step = self.measure().step
+        if step <= 0:
+            return -growth / PRECISION
+        return -((2 * growth + step) // (2 * step)) * step / PRECISION
+
+    def _key(self, node: Node, cpu_free: int, taken: dict[int, int]) -> StateKey:
+        return self.measure().state(cpu_free if node.cpu_milli else UNLIMITED, _pools(node.gpus, taken))
+
+    def _fragmentation(self, key: StateKey) -> int:
+        measure = self.measure()
+        found = self._memo.get(key)
+        if found is None:
+            if len(self._memo) >= MEMO_LIMIT:
+                self._memo.clear()
+            found = self._memo[key] = measure.amount(key)
+        return found

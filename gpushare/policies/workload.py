@@ -1,0 +1,204 @@
+"""The target workload that fragmentation is measured against, learned from the pods the scheduler sees.
+
+FGD asks "how much idle GPU memory could the pods we expect next not use?". The pods we expect next are a
+probability distribution over task shapes (GPU count, per-GPU share, CPU, accepted models). The extender
+learns it online: every pod it sees is added to a histogram whose older entries decay with a half-life, so
+the distribution follows a drifting workload. It can be seeded from a file (for example one derived from a
+trace with ``bench/workload_seed.py``) so that a freshly started extender already knows what to expect.
+
+The target used for scoring is rebuilt from the histogram every ``refresh_every`` observations and adopted
+only when it moved by more than ``tolerance`` (total variation distance). Scores therefore stay stable
+between refreshes, which lets callers cache them against ``version``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from gpushare.contract import ModelRule, PodRequest
+
+# Per observation the newest weight grows by 2**(1/half_life); rescale before floats lose precision.
+_RESCALE_ABOVE = 1e12
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a pod needs, as far as fragmentation is concerned. Memory units are absolute (GiB or MiB of GPU
+    memory), so a 4 GiB task needs 4 GiB free whatever the size of the card."""
+
+    gpu_count: int
+    per_gpu: int
+    cpu_milli: int = 0
+    exclusive: bool = False
+    models: ModelRule = field(default_factory=ModelRule)
+
+    @classmethod
+    def of(cls, request: PodRequest) -> Shape:
+        rule = request.models
+        models = ModelRule(tuple(sorted(set(rule.include))), tuple(sorted(set(rule.exclude))), rule.substring)
+        return cls(request.gpu_count, request.per_gpu, request.cpu_milli, request.exclusive, models)
+
+    def sort_key(self) -> tuple[int, int, int, bool, tuple[str, ...], tuple[str, ...], bool]:
+        return (self.gpu_count, self.per_gpu, self.cpu_milli, self.exclusive, self.models.include,
+                self.models.exclude, self.models.substring)
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"gpuCount": self.gpu_count, "perGPU": self.per_gpu, "cpuMilli": self.cpu_milli}
+        if self.exclusive:
+            out["exclusive"] = True
+        if self.models.include:
+            out["models"] = "|".join(self.models.include)
+        if self.models.exclude:
+            out["excludeModels"] = "|".join(self.models.exclude)
+        if self.models.substring:
+            out["substring"] = True
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> Shape:
+        def names(key: str) -> tuple[str, ...]:
+            text = str(data.get(key) or "")
+            return tuple(sorted({p.strip().lower() for p in text.replace(",", "|").split("|") if p.strip()}))
+
+        def number(key: str) -> int:
+            value = data.get(key, 0)
+            if not isinstance(value, int | float | str) or isinstance(value, bool):
+                raise ValueError(f"{key} must be a number, not {value!r}")
+            return int(value)
+
+        shape = cls(gpu_count=number("gpuCount"), per_gpu=number("perGPU"), cpu_milli=number("cpuMilli"),
+                    exclusive=bool(data.get("exclusive", False)),
+                    models=ModelRule(names("models"), names("excludeModels"), bool(data.get("substring", False))))
+        if shape.gpu_count < 0 or shape.per_gpu < 0 or shape.cpu_milli < 0:
+            raise ValueError(f"negative amounts in {dict(data)}")
+        return shape
+
+
+Target = tuple[tuple[Shape, float], ...]
+
+
+class WorkloadDistribution:
+    """A decayed histogram of task shapes, and the target workload derived from it.
+
+    ``target`` holds the most frequent shapes that together cover at least ``coverage`` of the weight, each
+    with its probability (its share of all the weight, so the probabilities sum to roughly ``coverage``).
+    """
+
+    def __init__(self, half_life: float = 5000.0, coverage: float = 0.95, refresh_every: int = 500,
+                 tolerance: float = 0.02) -> None:
+        if half_life <= 0 or not 0 < coverage <= 1 or refresh_every <= 0 or tolerance < 0:
+            raise ValueError("half_life and refresh_every must be positive, coverage in (0, 1], tolerance >= 0.")
+        self.coverage = coverage
+        self.refresh_every = refresh_every
+        self.tolerance = tolerance
+        self._growth = 2.0 ** (1.0 / half_life)
+        self._increment = 1.0
+        self._weights: dict[Shape, float] = {}
+        self._observed = 0
+        self._refreshed_at = 0
+        self._target: Target = ()
+        self.version = 0
+
+    def seed(self, weights: Mapping[Shape, float], observations: float = 1.0) -> None:
+        """Add a known distribution as if ``observations`` pods with these relative weights had been seen."""
+        total = sum(weights.values())
+        if total <= 0:
+            raise ValueError("A workload seed needs at least one shape with a positive weight.")
+        for shape, weight in weights.items():
+            self._weights[shape] = self._weights.get(shape, 0.0) + weight / total * observations * self._increment
+        # A seed counts as that many observations, so the quick refreshes of a cold start are skipped.
+        self._observed += max(round(observations), 1)
+        self._refreshed_at = self._observed
+        self._adopt(self._build())
+
+    def observe(self, shape: Shape) -> None:
+        self._increment *= self._growth
+        self._weights[shape] = self._weights.get(shape, 0.0) + self._increment
+        if self._increment > _RESCALE_ABOVE:
+            self._weights = {s: w / self._increment for s, w in self._weights.items()}
+            self._increment = 1.0
+        self._observed += 1
+        # Refresh after 1, 2, 4, ... observations, then every refresh_every: a cold start learns fast.
+        if self._observed - self._refreshed_at >= min(self.refresh_every, max(self._refreshed_at, 1)):
+            self._refreshed_at = self._observed
+            candidate = self._build()
+            if _distance(candidate, self._target) > self.tolerance:
+                self._adopt(candidate)
+
+    @property
+    def target(self) -> Target:
+        return self._target
+
+    def histogram(self) -> dict[Shape, float]:
+        """Every shape seen, with its current (decayed) probability."""
+        total = sum(self._weights.values())
+        return {s: w / total for s, w in self._weights.items()} if total else {}
+
+    def _build(self) -> Target:
+        ranked = sorted(self.histogram().items(), key=lambda item: (-item[1], item[0].sort_key()))
+        chosen: list[tuple[Shape, float]] = []
+        covered = 0.0
+        for shape, probability in ranked:
+            if covered >= self.coverage - 1e-12:
+                break
+            chosen.append((shape, probability))
+            covered += probability
+        return tuple(chosen)
+
+    def _adopt(self, target: Target) -> None:
+        self._target = target
+        self.version += 1
+
+
+def _distance(a: Target, b: Target) -> float:
+    """Total variation distance between two targets (shapes missing from one count as probability 0)."""
+    pa, pb = dict(a), dict(b)
+    return 0.5 * sum(abs(pa.get(s, 0.0) - pb.get(s, 0.0)) for s in pa.keys() | pb.keys())
+
+
+def load_workload(path: str | Path) -> dict[Shape, float]:
+    """Read a seed file: YAML or JSON ``{"shapes": [{"gpuCount": 1, "perGPU": 460, "cpuMilli": 6000,
+    "models": "V100M16|V100M32", "weight": 12}, ...]}``."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"Cannot read the workload seed {path}: {exc.strerror}.") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"The workload seed {path} is not valid YAML or JSON: {exc}.") from None
+    shapes = data.get("shapes") if isinstance(data, dict) else None
+    if not isinstance(shapes, list) or not shapes:
+        raise ValueError(f"The workload seed {path} needs a non-empty list under 'shapes'.")
+    weights: dict[Shape, float] = {}
+    for i, entry in enumerate(shapes):
+        try:
+            if not isinstance(entry, dict):
+                raise ValueError("not a mapping")
+            weight = float(entry.get("weight", 1.0))
+            if weight < 0:
+                raise ValueError("negative weight")
+            shape = Shape.from_json(entry)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"Shape {i} of the workload seed {path} is invalid ({exc}); see docs/policies.md.") \
+                from None
+        weights[shape] = weights.get(shape, 0.0) + weight
+    return weights
+
+
+def dump_workload(weights: Mapping[Shape, float]) -> str:
+    """The YAML text of a seed file, most frequent shapes first."""
+    ranked = sorted(weights.items(), key=lambda item: (-item[1], item[0].sort_key()))
+    return yaml.safe_dump({"shapes": [{**s.to_json(), "weight": round(w, 6)} for s, w in ranked]},
+                          sort_keys=False)
+
+
+def count_shapes(requests: Iterable[PodRequest]) -> dict[Shape, float]:
+    """A histogram of the shapes of ``requests``."""
+    counts: dict[Shape, float] = {}
+    for request in requests:
+        shape = Shape.of(request)
+        counts[shape] = counts.get(shape, 0.0) + 1.0
+    return counts

@@ -1,0 +1,166 @@
+"""Placement policies on small hand-made nodes: what each one prefers, and what none may do."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpushare.contract import ModelRule, PodRequest
+from gpushare.model import GPU, Node
+from gpushare.policies import DEFAULT_POLICY, choose_node, extender_scores, make_policy, policy_names
+from gpushare.policies.fgd import FragmentationGradient
+from gpushare.policies.lookahead import FragmentationLookahead
+from gpushare.policies.simple import Binpack, Spread
+from gpushare.policies.workload import Shape, WorkloadDistribution
+
+
+def node(name: str, *frees: int, total: int = 1000, model: str = "T4", cpu: int = 0, cpu_used: int = 0,
+         memory: int = 0) -> Node:
+    gpus = [GPU(index=i, model=model, total=total, used=total - free, holders=int(free < total))
+            for i, free in enumerate(frees)]
+    return Node(name=name, gpus=gpus, cpu_milli=cpu, cpu_used=cpu_used, memory_mib=memory)
+
+
+def workload(*shapes: tuple[Shape, float]) -> WorkloadDistribution:
+    distribution = WorkloadDistribution()
+    distribution.seed(dict(shapes))
+    return distribution
+
+
+def share(units: int, cpu: int = 0, count: int = 1, models: ModelRule | None = None) -> PodRequest:
+    return PodRequest(per_gpu=units, gpu_count=count, cpu_milli=cpu, models=models or ModelRule())
+
+
+ALL = [Binpack(), Spread(), FragmentationGradient(workload((Shape(1, 500), 1.0))),
+       FragmentationLookahead(workload((Shape(1, 500), 1.0)))]
+
+
+def test_binpack_takes_the_tightest_gpu_and_node() -> None:
+    nodes = [node("a", 1000, 700), node("b", 400, 1000)]
+    chosen = choose_node(nodes, share(300), Binpack())
+    assert chosen is not None
+    assert (chosen[0].name, chosen[1].gpus) == ("b", (0,))
+    candidate = Binpack().evaluate(nodes[0], share(300))
+    assert candidate is not None and candidate.gpus == (1,)
+
+
+def test_spread_takes_the_emptiest_gpu_and_node() -> None:
+    nodes = [node("a", 1000, 700), node("b", 400, 1000, 1000, 1000)]
+    chosen = choose_node(nodes, share(300), Spread())
+    assert chosen is not None
+    assert (chosen[0].name, chosen[1].gpus) == ("b", (1,))
+
+
+def test_fgd_avoids_the_sliver_binpack_leaves() -> None:
+    # The expected tasks take 500 units. Binpack puts a 300-unit pod on the 600-unit GPU and strands the
+    # 300 left over; FGD puts it on the whole GPU, where 700 stay usable.
+    fgd = FragmentationGradient(workload((Shape(1, 500), 1.0)))
+    nodes = [node("tight", 600), node("whole", 1000)]
+    packed = choose_node(nodes, share(300), Binpack())
+    assert packed is not None and packed[0].name == "tight"
+    chosen = choose_node(nodes, share(300), fgd)
+    assert chosen is not None and chosen[0].name == "whole"
+    on_one_node = fgd.evaluate(node("both", 600, 1000), share(300))
+    assert on_one_node is not None and on_one_node.gpus == (1,)
+    assert fgd.fragmentation(node("x", 600, 300)) == 300
+
+
+def test_fgd_counts_a_node_that_cannot_run_a_task_as_all_fragment() -> None:
+    fgd = FragmentationGradient(workload((Shape(2, 1000, cpu_milli=8000), 1.0)))
+    assert fgd.fragmentation(node("one-free", 1000, 500, cpu=32000)) == 1500
+    assert fgd.fragmentation(node("no-cpu", 1000, 1000, cpu=32000, cpu_used=30000)) == 2000
+    assert fgd.fragmentation(node("fits", 1000, 1000, 300, cpu=32000)) == 300
+    v100 = FragmentationGradient(workload((Shape(1, 100, models=ModelRule(("v100m32",))), 1.0)))
+    assert v100.fragmentation(node("t4", 1000)) == 1000
+    assert v100.fragmentation(node("v100", 1000, model="V100M32")) == 0
+
+
+def test_lookahead_keeps_cores_where_gpus_need_them() -> None:
+    # Four idle GPUs and cores for exactly four 10-core one-GPU tasks, against a CPU-rich node: a CPU-only
+    # pod changes nothing for FGD (a task still fits either way) but costs the dense node a GPU's worth.
+    expected = ((Shape(1, 1000, cpu_milli=10000), 1.0),)
+    dense = node("dense", 1000, 1000, 1000, 1000, cpu=40000)
+    rich = node("rich", 1000, 1000, cpu=100000)
+    cpu_only = PodRequest(per_gpu=0, gpu_count=0, cpu_milli=10000)
+    fgd, lookahead = FragmentationGradient(workload(*expected)), FragmentationLookahead(workload(*expected))
+    fgd_dense, fgd_rich = fgd.evaluate(dense, cpu_only), fgd.evaluate(rich, cpu_only)
+    assert fgd_dense is not None and fgd_rich is not None and fgd_dense.score == fgd_rich.score == 0
+    ahead = choose_node([dense, rich], cpu_only, lookahead)
+    assert ahead is not None and ahead[0].name == "rich" and ahead[1].gpus == ()
+    ahead_dense = lookahead.evaluate(dense, cpu_only)
+    assert ahead_dense is not None and ahead_dense.score == -1000
+
+
+@pytest.mark.parametrize("policy", ALL, ids=lambda p: p.name)
+def test_no_policy_places_a_pod_on_a_model_it_excludes(policy: Binpack) -> None:
+    request = share(300, models=ModelRule(("v100m32",)))
+    assert policy.evaluate(node("t4", 1000, 1000), request) is None
+    chosen = choose_node([node("t4", 1000, 1000), node("v100", 900, model="V100M32")], request, policy)
+    assert chosen is not None and chosen[0].name == "v100"
+
+
+@pytest.mark.parametrize("policy", ALL, ids=lambda p: p.name)
+def test_multi_gpu_pods_need_whole_free_gpus(policy: Binpack) -> None:
+    request = share(1000, count=2)
+    assert policy.evaluate(node("busy", 1000, 999, 999), request) is None
+    candidate = policy.evaluate(node("free", 999, 1000, 1000), request)
+    assert candidate is not None and sorted(candidate.gpus) == [1, 2]
+
+
+@pytest.mark.parametrize("policy", ALL, ids=lambda p: p.name)
+def test_cpu_and_memory_are_hard_limits(policy: Binpack) -> None:
+    full = node("full", 1000, cpu=8000, cpu_used=6000, memory=1024)
+    assert policy.evaluate(full, share(100, cpu=4000)) is None
+    assert policy.evaluate(full, PodRequest(per_gpu=100, memory_mib=2048)) is None
+    assert policy.evaluate(full, PodRequest(per_gpu=0, gpu_count=0, cpu_milli=2000)) is not None
+
+
+def test_exclusive_pods_get_untouched_gpus_from_fgd() -> None:
+    fgd = FragmentationGradient(workload((Shape(1, 500), 1.0)))
+    request = PodRequest(per_gpu=100, exclusive=True)
+    assert fgd.evaluate(node("used", 999, 999), request) is None
+    candidate = fgd.evaluate(node("mixed", 999, 1000), request)
+    assert candidate is not None and candidate.gpus == (1,)
+
+
+def test_fgd_prefers_nvlinked_gpus_for_multi_gpu_pods() -> None:
+    gpus = [GPU(index=i, model="A100", total=1000, numa=0) for i in range(4)]
+    gpus[1].links = {3: 100}
+    gpus[3].links = {1: 100}
+    fgd = FragmentationGradient(workload((Shape(2, 1000), 1.0)))
+    candidate = fgd.evaluate(Node(name="n", gpus=gpus), share(1000, count=2))
+    assert candidate is not None and sorted(candidate.gpus) == [1, 3]
+
+
+def test_a_fresh_fgd_learns_the_workload_from_what_it_observes() -> None:
+    fgd = FragmentationGradient()
+    assert not fgd.workload.target
+    fgd.observe(share(500))
+    assert fgd.workload.target == ((Shape(1, 500), 1.0),)
+    assert fgd.fragmentation(node("x", 400, 1000)) == 400
+
+
+def test_scores_map_onto_the_extender_scale_with_one_favourite() -> None:
+    fgd = FragmentationGradient(workload((Shape(1, 500), 1.0)))
+    nodes = [node("tight", 600), node("whole", 1000), node("twin", 1000)]
+    scores = {}
+    for n in nodes:
+        candidate = fgd.evaluate(n, share(300))
+        assert candidate is not None
+        scores[n.name] = candidate.score
+    mapped = extender_scores(scores)
+    assert sorted(mapped.values()) == [0, 9, 10]
+    chosen = choose_node(nodes, share(300), fgd)
+    assert chosen is not None and mapped[chosen[0].name] == 10
+
+
+def test_registry_builds_every_policy_and_rejects_unknown_names() -> None:
+    assert {"binpack", "spread", "fgd", "fgd-lookahead"} <= set(policy_names())
+    assert DEFAULT_POLICY in policy_names()
+    distribution = workload((Shape(1, 500), 1.0))
+    for name in policy_names():
+        policy = make_policy(name, distribution)
+        assert policy.name == name
+    learning = make_policy("fgd", distribution)
+    assert isinstance(learning, FragmentationGradient) and learning.workload is distribution
+    with pytest.raises(ValueError, match="Unknown placement policy 'best'; choose one of"):
+        make_policy("best")

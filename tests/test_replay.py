@@ -1,0 +1,163 @@
+"""The trace replay on a tiny synthetic openb-format trace: same decisions as ``choose_node``, the
+paper's pod order, the reusable pieces for an end-to-end replay, and the command line."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from bench import openb, replay, workload_seed
+from gpushare.contract import MemoryUnit, NodeInfo, parse_request
+from gpushare.model import build_gpus
+from gpushare.policies import choose_node, policy_names
+from gpushare.policies.workload import load_workload
+
+NODE_KINDS = [("G2", 8, 96000, 393216), ("T4", 2, 104000, 524288), ("P100", 2, 16000, 122880)]
+
+
+def write_trace(folder: Path, pods: int = 90, seed: int = 7) -> Path:
+    """A small cluster (30 GPUs) and a pod list shaped like openb's: shares, whole GPUs, CPU-only pods,
+    multi-GPU pods and model constraints."""
+    rng = random.Random(seed)
+    nodes = ["sn,cpu_milli,memory_mib,gpu,model"]
+    for i, (model, gpus, cpu, memory) in enumerate(NODE_KINDS * 3):
+        nodes.append(f"openb-node-{i:04d},{cpu},{memory},{gpus},{model}")
+    rows = ["name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
+            "scheduled_time"]
+    shapes = [(1, 500, 6000, ""), (1, 250, 3000, ""), (1, 1000, 12000, ""), (0, 0, 8000, ""),
+              (2, 1000, 16000, ""), (1, 470, 12000, "T4|P100"), (1, 1000, 11000, "G2"), (1, 810, 3152, "")]
+    for i in range(pods):
+        gpus, milli, cpu, spec = rng.choice(shapes)
+        rows.append(f"openb-pod-{i:04d},{cpu},{cpu * 4},{gpus},{milli},{spec},LS,Running,0,0,0")
+    (folder / openb.NODE_FILE).write_text("\n".join(nodes) + "\n")
+    (folder / openb.TRACES["default"]).write_text("\n".join(rows) + "\n")
+    return folder
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> Path:
+    return write_trace(tmp_path)
+
+
+def test_arrival_order_follows_the_papers_protocol(tmp_path: Path) -> None:
+    trace = write_trace(tmp_path, pods=40)
+    pods = openb.load_pods(trace)
+    capacity = openb.capacity(openb.load_nodes(trace))
+    assert sum(p.gpu_demand for p in pods) < capacity
+    order = openb.arrival_order(pods, 42, capacity)
+    assert sorted(p.name for p in order[:len(pods)]) == sorted(p.name for p in pods)
+    assert [p.name for p in order[:len(pods)]] != sorted(p.name for p in pods)
+    assert order == openb.arrival_order(list(reversed(pods)), 42, capacity), "input order must not matter"
+    assert order != openb.arrival_order(pods, 43, capacity)
+    demand = sum(p.gpu_demand for p in order)
+    assert demand <= 1.3 * capacity < demand + 1000
+    extra = order[len(pods):]
+    assert extra and all("-t" in p.name for p in extra)
+    originals = {p.name: p for p in pods}
+    for copy in extra:
+        source = originals[copy.name.split("-t")[0]]
+        assert (copy.cpu_milli, copy.num_gpu, copy.gpu_milli, copy.gpu_spec) == (
+            source.cpu_milli, source.num_gpu, source.gpu_milli, source.gpu_spec)
+
+
+def test_a_trace_asking_for_more_is_cut_down_at_random(trace: Path) -> None:
+    pods = openb.load_pods(trace)
+    capacity = openb.capacity(openb.load_nodes(trace))
+    assert sum(p.gpu_demand for p in pods) > 1.3 * capacity
+    order = openb.arrival_order(pods, 42, capacity)
+    assert sum(p.gpu_demand for p in order) <= 1.3 * capacity
+    assert len({p.name for p in order}) == len(order) and not any("-t" in p.name for p in order)
+
+
+@pytest.mark.parametrize("name", policy_names())
+@pytest.mark.parametrize("seed", [42, 43])
+def test_the_fast_replay_decides_exactly_like_choose_node(trace: Path, name: str, seed: int) -> None:
+    pods = openb.load_pods(trace)
+    order = openb.arrival_order(pods, seed, openb.capacity(openb.load_nodes(trace)))
+    fast_nodes = openb.build_nodes(openb.load_nodes(trace))
+    fast = [(d.pod, d.node, d.gpus) for d in replay.replay(fast_nodes, order, replay.build_policy(name, pods), seed)]
+    nodes = openb.build_nodes(openb.load_nodes(trace))
+    policy = replay.build_policy(name, pods)
+    slow: list[tuple[str, str | None, tuple[int, ...]]] = []
+    for pod in order:
+        request = pod.request()
+        policy.observe(request)
+        chosen = choose_node(nodes, request, policy, seed)
+        if chosen is None:
+            slow.append((pod.name, None, ()))
+            continue
+        chosen[0].place(pod.name, request, chosen[1].gpus)
+        slow.append((pod.name, chosen[0].name, chosen[1].gpus))
+    assert fast == slow
+    assert any(node is None for _, node, _ in fast), "the trace must overflow the cluster"
+    assert [(n.cpu_used, [g.used for g in n.gpus]) for n in fast_nodes] == [
+        (n.cpu_used, [g.used for g in n.gpus]) for n in nodes]
+
+
+def test_trace_pods_become_the_requests_the_extender_would_parse(trace: Path) -> None:
+    for pod in openb.load_pods(trace):
+        request = pod.request()
+        if pod.num_gpu == 0:
+            assert (request.gpu_count, request.per_gpu, request.cpu_milli) == (0, 0, pod.cpu_milli)
+            continue
+        parsed = parse_request(pod.pod_info())
+        assert (parsed.gpu_count, parsed.per_gpu, parsed.models, parsed.cpu_milli, parsed.memory_mib) == (
+            request.gpu_count, request.per_gpu, request.models, request.cpu_milli, request.memory_mib)
+    constrained = next(p for p in openb.load_pods(trace) if p.gpu_spec == "T4|P100")
+    assert constrained.request().models.accepts("P100") and not constrained.request().models.accepts("G2")
+
+
+def test_the_cluster_spec_describes_every_gpu_as_1000_mib(trace: Path) -> None:
+    nodes = openb.load_nodes(trace)
+    spec = openb.cluster_spec(nodes)
+    assert len(spec.nodes) == len(nodes)
+    first = spec.nodes[0]
+    assert (first.name, first.cpu, first.memory, len(first.gpus)) == ("openb-node-0000", "96000m", "393216Mi", 8)
+    assert {(g.model, g.memory_mib) for g in first.gpus} == {("G2", 1000)}
+    from_spec = build_gpus(NodeInfo(name=first.name, annotations={"gpushare.io/gpu-inventory": json.dumps(
+        [{"index": i, "model": g.model, "memoryMiB": g.memory_mib} for i, g in enumerate(first.gpus)])}),
+        MemoryUnit.MiB)
+    assert [(g.model, g.total) for g in from_spec] == [(g.model, g.total) for g in nodes[0].node().gpus]
+
+
+def test_one_run_reports_the_papers_metrics(trace: Path) -> None:
+    result = replay.run_one(trace, "default", "fgd-lookahead", 42)
+    assert set(result.unallocated) == {"100", "130"}
+    assert 0 <= result.unallocated["130"] <= result.unallocated["100"] < 100
+    assert 0 <= result.fragmentation_ratio <= 1
+    assert result.curve[0] == 100.0 and len(result.curve) >= 2 * 100
+    assert result.evaluations > 0
+
+
+def test_the_command_line_writes_table_json_and_plot(trace: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    out, image = tmp_path / "out.json", tmp_path / "plot.png"
+    code = replay.main(["--data", str(trace), "--policies", "binpack,fgd", "--seeds", "42-43", "--jobs", "1",
+                        "--out", str(out), "--plot", str(image)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "unallocated GPU% @100% arrival" in printed and "binpack vs fgd" in printed
+    data = json.loads(out.read_text())
+    assert [row["policy"] for row in data["summary"]] == ["binpack", "fgd"]
+    assert len(data["runs"]) == 4 and data["paired"]["binpack vs fgd"]["seeds"] == 2
+    assert image.read_bytes().startswith(b"\x89PNG")
+
+
+def test_missing_trace_files_are_reported_with_a_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert replay.main(["--data", str(tmp_path), "--seeds", "42"]) == 2
+    assert "Pass the openb folder with --data" in capsys.readouterr().err
+    (tmp_path / openb.NODE_FILE).write_text("sn,cpu_milli\nx,1\n")
+    with pytest.raises(openb.TraceError, match="lacks the columns memory_mib, gpu, model"):
+        openb.load_nodes(tmp_path)
+    with pytest.raises(SystemExit):
+        replay.main(["--data", str(tmp_path), "--policies", "best"])
+
+
+def test_a_workload_seed_file_is_derived_from_the_trace(trace: Path, tmp_path: Path) -> None:
+    seed = tmp_path / "seed.yaml"
+    assert workload_seed.main(["--data", str(trace), "--out", str(seed)]) == 0
+    weights = load_workload(seed)
+    assert sum(weights.values()) == len(openb.load_pods(trace))
