@@ -47,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     leader = config.leader
     log.info("starting gpushare extender", extra={
         "version": __version__, "port": config.port, "policy": config.policy, "unit": config.unit.value,
+        "workload_seed": str(config.workload_seed) if config.workload_seed else None,
         "lease": f"{leader.namespace}/{leader.name}" if leader else None,
         "identity": leader.identity if leader else None, "advertise_url": leader.advertise_url if leader else None})
     uvicorn.run(create_app(config, cluster), host=config.host, port=config.port,

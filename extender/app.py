@@ -24,6 +24,7 @@ from extender.verbs import Verbs
 from extender.wire import BadRequest, parse_binding_args, parse_extender_args
 from gpushare import __version__
 from gpushare.cache import ClusterCache, ClusterWatch
+from gpushare.policies.workload import load_workload
 
 PREFIX = "/gpushare-scheduler"
 
@@ -49,7 +50,7 @@ def create_app(config: ExtenderConfig, api_client: Any, hooks: BindHooks | None 
     core = client.CoreV1Api(api_client)
     cache = ClusterCache(config.unit)
     watch = ClusterWatch(core, cache)
-    book = PolicyBook(config.policy)
+    book = PolicyBook(config.policy, load_workload(config.workload_seed) if config.workload_seed else None)
     verbs = Verbs(cache, book, config.tie_seed)
     binder = Binder(core, cache, book, hooks)
     elector: LeaderElector | None = None

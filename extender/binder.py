@@ -19,17 +19,10 @@ import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from extender.placement import PolicyBook
+from extender.placement import PolicyBook, placement_request
 from extender.wire import BindingArgs
 from gpushare.cache import ClusterCache, Reservation, ReservationError
-from gpushare.contract import (
-    PodInfo,
-    PodRequest,
-    RequestError,
-    assignment_annotations,
-    parse_request,
-    requests_gpu,
-)
+from gpushare.contract import PodInfo, PodRequest, RequestError, assignment_annotations
 from gpushare.kube.convert import pod_info
 from gpushare.kube.events import record_pod_event
 from gpushare.model import Node
@@ -114,21 +107,21 @@ class Binder:
             raise _Failed(f"the pod is already bound to node {pod.node_name}")
         if not pod.is_active:
             raise _Failed("the pod is terminating or has finished")
-        request = parse_request(pod) if requests_gpu(pod) else None
+        request = placement_request(pod)
         if self._hooks.after_read is not None:
             self._hooks.after_read(pod)
-        if request is None:
-            self._create_binding(args)
-            return ()
+        # A pod without GPUs is reserved too (CPU and memory only, no annotations), so that the next
+        # decision already sees it.
         reservation = self._reserve(pod, request, args.node)
         try:
-            written = self._annotate(pod, request, reservation)
+            written = self._annotate(pod, request, reservation) if request.gpu_count else {}
             try:
                 if self._hooks.before_binding is not None:
                     self._hooks.before_binding(pod)
                 self._create_binding(args)
             except Exception:
-                self._unannotate(pod, written)
+                if written:
+                    self._unannotate(pod, written)
                 raise
         except BaseException:
             self._cache.release(reservation)

@@ -13,6 +13,7 @@ from extender.leader import DEFAULT_LEASE_DURATION_S, DEFAULT_LEASE_NAME, DEFAUL
 from gpushare.contract import MemoryUnit
 from gpushare.logs import LEVELS
 from gpushare.policies import DEFAULT_POLICY, policy_names
+from gpushare.policies.workload import load_workload
 
 DEFAULT_PORT = 39999
 
@@ -34,6 +35,7 @@ class ExtenderConfig:
     kubeconfig: Path | None = None
     leader: LeaseSettings | None = None  # None: a single replica, which binds itself
     peer_ca: Path | None = None
+    workload_seed: Path | None = None  # a seed file for the learning policies' workload distribution
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tie-seed", type=int, default=0, help="seed that breaks ties between equal nodes")
     parser.add_argument("--kubeconfig", type=Path, default=None,
                         help="kubeconfig file (default: in-cluster config, else $KUBECONFIG or ~/.kube/config)")
+    parser.add_argument("--workload-seed", type=Path, default=None,
+                        help="YAML or JSON file of task shapes and weights (weights count as pods) that the "
+                             "learning policies (fgd, fgd-lookahead) start from; see docs/policies.md")
     ha = parser.add_argument_group("high availability (several replicas, one of which binds)")
     ha.add_argument("--leader-elect", action="store_true",
                     help="elect one replica to bind through a Lease; the others forward binds to it")
@@ -126,10 +131,23 @@ def parse_config(argv: Sequence[str] | None = None) -> ExtenderConfig:
         raise ConfigError("--tls-cert and --tls-key go together; give both to serve HTTPS, or neither.")
     if args.policy not in policy_names():
         raise ConfigError(f"Unknown placement policy {args.policy!r}; use one of {', '.join(policy_names())}.")
-    for path in (args.tls_cert, args.tls_key, args.kubeconfig, args.peer_ca):
+    for path in (args.tls_cert, args.tls_key, args.kubeconfig, args.peer_ca, args.workload_seed):
         if path is not None and not path.is_file():
             raise ConfigError(f"{path} does not exist or is not a file.")
+    if args.workload_seed is not None:
+        _check_workload_seed(args.workload_seed)
     return ExtenderConfig(host=args.host, port=port, tls_cert=args.tls_cert, tls_key=args.tls_key,
                           unit=MemoryUnit(args.unit), log_level=args.log_level, policy=args.policy,
                           tie_seed=args.tie_seed, kubeconfig=args.kubeconfig, leader=_lease_settings(args, port),
-                          peer_ca=args.peer_ca)
+                          peer_ca=args.peer_ca, workload_seed=args.workload_seed)
+
+
+def _check_workload_seed(path: Path) -> None:
+    """Read the seed file once at startup, so that a bad one stops the extender with a sentence."""
+    try:
+        weights = load_workload(path)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if sum(weights.values()) <= 0:
+        raise ConfigError(f"The workload seed {path} gives every shape weight 0; give at least one a positive "
+                          "weight (the number of pods of that shape).")

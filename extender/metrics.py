@@ -37,7 +37,7 @@ class _ClusterCollector(Collector):
         yield used
         yield GaugeMetricFamily("gpushare_extender_nodes", "Nodes in the extender's cache.", value=len(nodes))
         yield GaugeMetricFamily("gpushare_extender_reservations",
-                                "GPU reservations of binds not yet confirmed by the watch.",
+                                "Reservations of binds not yet confirmed by the watch.",
                                 value=self._cache.reservations())
         yield GaugeMetricFamily("gpushare_extender_leader",
                                 "1 on the replica that binds (the Lease holder, or the only replica without "

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 
-from gpushare.contract import PodRequest
+from gpushare.contract import PodInfo, PodRequest, host_requests, parse_request, requests_gpu
 from gpushare.policies import Policy, make_policy
 from gpushare.policies.workload import Shape, WorkloadDistribution
 
@@ -14,16 +15,33 @@ from gpushare.policies.workload import Shape, WorkloadDistribution
 OBSERVED_PODS = 100_000
 
 
+def placement_request(pod: PodInfo) -> PodRequest:
+    """What the policies place: the pod's GPU request, or for a pod that asks for no GPU its CPU and memory.
+
+    kube-scheduler sends pods without a gpushare resource only when the extender's configuration lists no
+    ``managedResources``; the policies then place those too (``fgd-lookahead`` steers them to CPU-rich
+    nodes). ``RequestError`` if the request cannot be read.
+    """
+    if requests_gpu(pod):
+        return parse_request(pod)
+    cpu, memory = host_requests(pod)
+    return PodRequest(per_gpu=0, gpu_count=0, cpu_milli=cpu, memory_mib=memory)
+
+
 class PolicyBook:
     """One instance per policy name, all sharing one workload distribution.
 
-    Every GPU pod feeds the workload once, whichever policy places it: a learning policy chosen by a few
-    pods must still know what the rest of the cluster asks for.
+    Every pod the extender is asked about feeds the workload once, whichever policy places it: a learning
+    policy chosen by a few pods must still know what the rest of the cluster asks for. ``workload_seed``
+    (shape -> weight, weights counted as pods, as ``load_workload`` reads a seed file) starts the
+    distribution as if those pods had been seen.
     """
 
-    def __init__(self, default: str) -> None:
+    def __init__(self, default: str, workload_seed: Mapping[Shape, float] | None = None) -> None:
         self.default = default
         self.workload = WorkloadDistribution()
+        if workload_seed:
+            self.workload.seed(workload_seed, observations=sum(workload_seed.values()))
         self._policies: dict[str, Policy] = {default: make_policy(default, self.workload)}
         self._observed: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()

@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from extender.placement import PolicyBook
+from extender.placement import PolicyBook, placement_request
 from extender.wire import NODE_NAMES_SHAPE, BadRequest, ExtenderArgs, filter_result
 from gpushare.cache import ClusterCache
-from gpushare.contract import PodRequest, parse_request, requests_gpu
 from gpushare.model import Node
 from gpushare.policies import extender_scores
 
@@ -16,13 +15,6 @@ from gpushare.policies import extender_scores
 def _check_names(names: Iterable[object]) -> None:
     if not all(type(name) is str for name in names):
         raise BadRequest(NODE_NAMES_SHAPE)
-
-
-def gpu_request(args: ExtenderArgs) -> PodRequest | None:
-    """The pod's GPU request, ``None`` if it asks for no gpushare resource; ``RequestError`` if malformed."""
-    if not requests_gpu(args.pod):
-        return None
-    return parse_request(args.pod)
 
 
 class Verbs:
@@ -33,13 +25,13 @@ class Verbs:
 
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:
         try:
-            request = gpu_request(args)
-            if request is not None:
-                self.book.observe_once(args.pod.uid or args.pod.key, request)
+            request = placement_request(args.pod)
+            self.book.observe_once(args.pod.uid or args.pod.key, request)
         except ValueError as exc:  # a RequestError, or a policy the registry does not have
             return filter_result(args, None, {}, {}, str(exc))
         names = args.names
-        if request is None:
+        if not request.gpu_count:
+            # kube-scheduler has already checked CPU and memory; only GPU requests need the extender's view.
             _check_names(names)
             return filter_result(args, names, {}, {})
         try:
@@ -54,13 +46,10 @@ class Verbs:
         names = args.names
         _check_names(names)
         try:
-            request = gpu_request(args)
-            policy = None if request is None else self.book.for_request(request)
+            wanted = placement_request(args.pod)
+            policy = self.book.for_request(wanted)
         except ValueError:  # filter has already told kube-scheduler why
-            request = policy = None
-        if request is None or policy is None:
             return [{"Host": name, "Score": 0} for name in names]
-        wanted = request
 
         def score(node: Node) -> float | None:
             candidate = policy.evaluate(node, wanted)

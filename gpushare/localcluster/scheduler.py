@@ -11,7 +11,9 @@ FailedScheduling Event and is retried with backoff (1 s doubling to 10 s).
 
 What it leaves out: kube-scheduler's own scoring plugins (only the extender scores nodes), taints,
 affinity, topology spread and preemption. Pods that request no GPU are bound directly by this loop to a
-node that fits their CPU and memory (the least requested one), without the extender.
+node that fits their CPU and memory (the least requested one), without the extender, unless
+``extender_for_all_pods`` is set: then they go through filter, prioritize and bind as well, as with a
+kube-scheduler extender configuration that lists no ``managedResources``.
 """
 
 from __future__ import annotations
@@ -123,11 +125,12 @@ class SchedulerLoop:
     """
 
     def __init__(self, api_client: Any, extender_url: str, weight: int = 1, node_cache_capable: bool = True,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, extender_for_all_pods: bool = False) -> None:
         self._core: Any = client.CoreV1Api(api_client)
         self._url = extender_url.rstrip("/")
         self.weight = weight
         self.node_cache_capable = node_cache_capable
+        self.extender_for_all_pods = extender_for_all_pods
         self._rng = random.Random(seed)
         self._http = httpx.Client(timeout=EXTENDER_TIMEOUT_S, headers={"Content-Type": "application/json"})
         self._lock = threading.Lock()
@@ -228,7 +231,7 @@ class SchedulerLoop:
         total = len(self._nodes)
         if not feasible:
             return None, _unavailable(total, reasons)
-        if not wants_gpu:
+        if not wants_gpu and not self.extender_for_all_pods:
             with self._lock:
                 best = min(feasible, key=lambda n: (self._usage.get(n.name, _Usage()).cpu_milli / max(n.cpu_milli, 1),
                                                     n.name))

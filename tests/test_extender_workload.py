@@ -1,0 +1,145 @@
+"""The workload the learning policies start from (``--workload-seed``), and pods without GPUs in the extender."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from kubernetes import client
+from test_extender_harness import T4, T4_MIB, create_pod, gpu_node, pod_body, read_pod, running_extender, spec
+
+from extender.binder import BindHooks
+from extender.config import ConfigError, ExtenderConfig, parse_config
+from extender.placement import PolicyBook
+from gpushare.contract import ANN_IDX, ModelRule, PodInfo, PodRequest
+from gpushare.localcluster import LocalCluster
+from gpushare.localcluster.scheduler import SchedulerLoop
+from gpushare.policies.workload import Shape, WorkloadDistribution, count_shapes, dump_workload, load_workload
+
+REQUESTS = [PodRequest(per_gpu=460, cpu_milli=6000)] * 7 + [PodRequest(per_gpu=1000, cpu_milli=8000)] * 5 + [
+    PodRequest(per_gpu=1000, gpu_count=2, cpu_milli=16000, models=ModelRule(("v100m16", "v100m32")))] * 2 + [
+    PodRequest(per_gpu=0, gpu_count=0, cpu_milli=12000)] * 3
+
+
+def seed_file(folder: Path, requests: list[PodRequest]) -> Path:
+    path = folder / "seed.yaml"
+    path.write_text(dump_workload(count_shapes(requests)))
+    return path
+
+
+def test_a_seed_file_starts_the_workload_as_the_replay_seeds_it(tmp_path: Path) -> None:
+    book = PolicyBook("fgd-lookahead", load_workload(seed_file(tmp_path, REQUESTS)))
+    replay = WorkloadDistribution()
+    replay.seed(count_shapes(REQUESTS), observations=len(REQUESTS))  # as bench.replay.workload_for does
+    assert book.workload.target == replay.target
+    assert book.workload.histogram() == pytest.approx(replay.histogram())
+    # Both count the seed as that many pods: the next observations move them alike.
+    for i, request in enumerate(REQUESTS[::-1] * 40):
+        book.observe_once(f"uid-{i}", request)
+        replay.observe(Shape.of(request))
+    assert book.workload.target == replay.target
+    assert book.workload.version == replay.version
+
+
+def test_a_pod_without_gpu_is_counted_once() -> None:
+    book = PolicyBook("fgd")
+    cpu_only = PodRequest(per_gpu=0, gpu_count=0, cpu_milli=12000)
+    book.observe_once("uid-1", cpu_only)
+    book.observe_once("uid-1", cpu_only)
+    assert book.workload.histogram() == {Shape(0, 0, 12000): 1.0}
+
+
+def test_the_flag_reads_the_file(tmp_path: Path) -> None:
+    path = seed_file(tmp_path, REQUESTS)
+    assert parse_config(["--workload-seed", str(path)]).workload_seed == path
+    assert parse_config([]).workload_seed is None
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("shapes: []", "needs a non-empty list under 'shapes'"),
+    ("shapes: [{gpuCount: -1, perGPU: 100}]", "Shape 0 of the workload seed .* is invalid"),
+    ("shapes: [{gpuCount: 1, perGPU: 100, weight: 0}]", "gives every shape weight 0"),
+    ("shapes: [oops", "is not valid YAML or JSON"),
+])
+def test_a_bad_seed_file_is_a_sentence(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "seed.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        parse_config(["--workload-seed", str(path)])
+
+
+def test_a_missing_seed_file_stops_the_process_with_status_2(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "extender", "--workload-seed", str(tmp_path / "none.yaml")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert f"gpushare-extender: {tmp_path / 'none.yaml'} does not exist or is not a file." in result.stderr
+
+
+# Two GPU nodes: 'dense' has 8 GPUs and just the cores for eight 2-core tasks; 'roomy' one GPU and many cores.
+CLUSTER = spec(gpu_node("dense", *[(T4, T4_MIB)] * 8, cpu="16"), gpu_node("roomy", (T4, T4_MIB), cpu="64"))
+TASKS = [PodRequest(per_gpu=T4_MIB // 1024, cpu_milli=2000)] * 10  # whole T4s, in GiB
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(CLUSTER) as local:
+        yield local
+
+
+@pytest.fixture
+def core(cluster: LocalCluster) -> Any:
+    api = client.CoreV1Api(cluster.api_client())
+    api.delete_collection_namespaced_pod("default", grace_period_seconds=0)
+    return api
+
+
+def test_the_policy_places_a_pod_without_gpu(cluster: LocalCluster, core: Any, tmp_path: Path) -> None:
+    # 8 cores on 'dense' would strand four of its GPUs for the seeded 2-core tasks; 'roomy' loses nothing.
+    pod = create_pod(core, pod_body("plain", cpu="8"))
+    with running_extender(cluster, ExtenderConfig(policy="fgd-lookahead", workload_seed=seed_file(tmp_path, TASKS))
+                          ) as url:
+        args = {"Pod": pod, "Nodes": None, "NodeNames": ["dense", "roomy"]}
+        filtered = httpx.post(url + "/gpushare-scheduler/filter", json=args).json()
+        assert filtered["NodeNames"] == ["dense", "roomy"] and filtered["Error"] == ""
+        scores = httpx.post(url + "/gpushare-scheduler/prioritize", json=args).json()
+        assert {h["Host"]: h["Score"] for h in scores}["roomy"] == 10
+        assert {h["Host"]: h["Score"] for h in scores}["dense"] < 10
+
+
+def test_the_loop_sends_pods_without_gpu_to_the_extender_when_asked(cluster: LocalCluster, core: Any,
+                                                                   tmp_path: Path) -> None:
+    create_pod(core, pod_body("plain", cpu="8"))
+    create_pod(core, pod_body("other", cpu="8"))
+    with running_extender(cluster, ExtenderConfig(policy="fgd-lookahead", workload_seed=seed_file(tmp_path, TASKS))
+                          ) as url:
+        with SchedulerLoop(cluster.api_client(), url + "/gpushare-scheduler", seed=1,
+                           extender_for_all_pods=True) as loop:
+            assert loop.schedule_pod("plain").node == "roomy"
+        with SchedulerLoop(cluster.api_client(), url + "/gpushare-scheduler", seed=1) as loop:
+            # on its own the loop takes the node with the least CPU requested: 'dense' now
+            assert loop.schedule_pod("other").node == "dense"
+    assert ANN_IDX not in (read_pod(core, "plain")["metadata"].get("annotations") or {})
+
+
+def test_bind_reserves_cpu_before_the_binding(cluster: LocalCluster, core: Any) -> None:
+    pod = create_pod(core, pod_body("plain", cpu="8"))
+    seen: list[float] = []
+    urls: list[str] = []
+
+    def count_reservations(_: PodInfo) -> None:
+        metrics = httpx.get(urls[0] + "/metrics").text
+        seen.extend(float(line.split()[-1]) for line in metrics.splitlines()
+                    if line.startswith("gpushare_extender_reservations "))
+
+    with running_extender(cluster, hooks=BindHooks(before_binding=count_reservations)) as url:
+        urls.append(url)
+        answer = httpx.post(url + "/gpushare-scheduler/bind", json={
+            "PodName": "plain", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "roomy"})
+        assert answer.json() == {"Error": ""}
+    assert seen == [1.0]
+    assert read_pod(core, "plain")["spec"]["nodeName"] == "roomy"
