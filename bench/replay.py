@@ -31,6 +31,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from bench import openb
+from bench.baselines import PaperBestFit
 from bench.engine import GroupedCluster
 from gpushare.model import Node
 from gpushare.policies import Policy, make_policy, policy_names
@@ -42,6 +43,8 @@ DEFAULT_OUT = openb.REPO_ROOT / "bench" / "out"
 REPORT_ARRIVALS = (100.0, 130.0)
 FRAGMENTATION_ARRIVAL = 80.0
 CURVE_STEP = 0.5  # arrival% between the points of the recorded curve
+# Baselines for comparison only (``--policies bestfit``); the default runs gpushare's policies.
+BENCH_POLICIES = {"bestfit": PaperBestFit}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,8 @@ def workload_for(trace_pods: Sequence[openb.TracePod]) -> WorkloadDistribution:
 
 
 def build_policy(name: str, trace_pods: Sequence[openb.TracePod]) -> Policy:
+    if name in BENCH_POLICIES:
+        return BENCH_POLICIES[name]()
     return make_policy(name, workload=workload_for(trace_pods))
 
 
@@ -247,9 +252,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "the default trace, bench/out/unallocated_vs_arrival_<trace>.png otherwise)")
     args = parser.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    unknown = [p for p in policies if p not in policy_names()]
+    known = (*policy_names(), *BENCH_POLICIES)
+    unknown = [p for p in policies if p not in known]
     if unknown:
-        parser.error(f"unknown policies {', '.join(unknown)}; choose from {', '.join(policy_names())}")
+        parser.error(f"unknown policies {', '.join(unknown)}; choose from {', '.join(known)}")
     try:
         openb.load_nodes(args.data)
         openb.load_pods(args.data, args.trace)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from gpushare.contract import ModelRule, PodRequest
 from gpushare.model import GPU, Node
-from gpushare.policies import DEFAULT_POLICY, choose_node, extender_scores, make_policy, policy_names
+from gpushare.policies import DEFAULT_POLICY, choose_node, extender_scores, make_policy, node_priority, policy_names
 from gpushare.policies.fgd import FragmentationGradient
 from gpushare.policies.lookahead import FragmentationLookahead
 from gpushare.policies.simple import Binpack, Spread
@@ -83,11 +85,55 @@ def test_lookahead_keeps_cores_where_gpus_need_them() -> None:
     cpu_only = PodRequest(per_gpu=0, gpu_count=0, cpu_milli=10000)
     fgd, lookahead = FragmentationGradient(workload(*expected)), FragmentationLookahead(workload(*expected))
     fgd_dense, fgd_rich = fgd.evaluate(dense, cpu_only), fgd.evaluate(rich, cpu_only)
-    assert fgd_dense is not None and fgd_rich is not None and fgd_dense.score == fgd_rich.score == 0
+    assert fgd_dense is not None and fgd_rich is not None and fgd_dense.score == fgd_rich.score == 50
     ahead = choose_node([dense, rich], cpu_only, lookahead)
     assert ahead is not None and ahead[0].name == "rich" and ahead[1].gpus == ()
     ahead_dense = lookahead.evaluate(dense, cpu_only)
     assert ahead_dense is not None and ahead_dense.score == -1000
+
+
+def test_fgd_counts_all_idle_memory_as_fragment_for_a_task_without_gpus() -> None:
+    # The paper's rule: a CPU-only task can use no idle GPU memory, whether or not its cores are there.
+    fgd = FragmentationGradient(workload((Shape(0, 0, cpu_milli=8000), 0.5), (Shape(1, 500), 0.5)))
+    assert fgd.fragmentation(node("cores", 1000, 300, cpu=32000)) == 0.5 * 1300 + 0.5 * 300
+    assert fgd.fragmentation(node("no-cores", 1000, 300, cpu=32000, cpu_used=30000)) == 0.5 * 1300 + 0.5 * 300
+
+
+@pytest.mark.parametrize("total", [1000, 16])
+def test_fgd_scores_growth_in_gpus_as_the_paper_does(total: int) -> None:
+    # int(100 * sigmoid(-growth)), growth in GPUs: stranding 0.3 of a GPU scores 42, growing nothing 50,
+    # whether a GPU is 1000 units (the trace) or 16 (GiB).
+    fgd = FragmentationGradient(workload((Shape(1, total // 2), 1.0)))
+    pod = share(total * 3 // 10)
+    whole, tight = fgd.evaluate(node("whole", total, total=total), pod), fgd.evaluate(
+        node("tight", total * 6 // 10, total=total), pod)
+    assert whole is not None and tight is not None
+    assert whole.score == 50 and tight.score == int(100 / (1 + math.exp((total * 6 // 10 - total * 3 // 10) / total)))
+    assert tight.score == 42
+
+
+def test_fgd_takes_the_first_gpu_among_equal_scores() -> None:
+    # Stranding 320 or 300 units both score 42 on the paper's scale, so the lower index wins although GPU 1
+    # strands less.
+    fgd = FragmentationGradient(workload((Shape(1, 500), 1.0)))
+    candidate = fgd.evaluate(node("n", 620, 600), share(300))
+    assert candidate is not None and candidate.gpus == (0,) and candidate.score == 42
+
+
+def test_lookahead_breaks_ties_of_gpu_shares_with_the_fgd_score() -> None:
+    # Placing 300 units strands nothing the 500-unit tasks need on either node, but on the V100 it leaves
+    # less than the rare 980-unit V100 task needs: 42 units of growth, within the lookahead's step of 98
+    # (a tie there), 48 against 50 on FGD's scale. The tie goes to the T4 even where node priority
+    # prefers the V100.
+    expected = ((Shape(1, 500), 0.94), (Shape(1, 980, models=ModelRule(("v100m32",))), 0.06))
+    lookahead = FragmentationLookahead(workload(*expected))
+    t4, v100 = node("t4", 1000), node("v100", 1000, model="V100M32")
+    on_t4, on_v100 = lookahead.evaluate(t4, share(300)), lookahead.evaluate(v100, share(300))
+    assert on_t4 is not None and on_v100 is not None
+    assert 98 / 2 > on_t4.score > on_v100.score > 0
+    seed = next(s for s in range(100) if node_priority("v100", s) > node_priority("t4", s))
+    chosen = choose_node([v100, t4], share(300), lookahead, seed=seed)
+    assert chosen is not None and chosen[0].name == "t4"
 
 
 @pytest.mark.parametrize("policy", ALL, ids=lambda p: p.name)

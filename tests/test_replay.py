@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from bench import openb, replay, workload_seed
-from gpushare.contract import MemoryUnit, NodeInfo, parse_request
-from gpushare.model import build_gpus
+from bench.baselines import PaperBestFit
+from gpushare.contract import MemoryUnit, NodeInfo, PodRequest, parse_request
+from gpushare.model import GPU, Node, build_gpus
 from gpushare.policies import choose_node, policy_names
+from gpushare.policies.simple import Binpack
 from gpushare.policies.workload import load_workload
 
 NODE_KINDS = [("G2", 8, 96000, 393216), ("T4", 2, 104000, 524288), ("P100", 2, 16000, 122880)]
@@ -144,6 +146,26 @@ def test_the_command_line_writes_table_json_and_plot(trace: Path, tmp_path: Path
     assert [row["policy"] for row in data["summary"]] == ["binpack", "fgd"]
     assert len(data["runs"]) == 4 and data["paired"]["binpack vs fgd"]["seeds"] == 2
     assert image.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_papers_bestfit_ranks_nodes_by_what_is_left_on_the_whole_node(trace: Path, tmp_path: Path) -> None:
+    # binpack goes where the chosen card is left fullest; BestFit where the node has least CPU and GPU left:
+    # 100 x (1 - (CPU left / 128 cores + GPUs left / 8) / 2), truncated.
+    empty_card_on_busy_node = Node("busy", [GPU(0, "T4", 1000), GPU(1, "T4", 1000, used=1000, holders=1)],
+                                   cpu_milli=64000, cpu_used=60000)
+    tight_card_on_idle_node = Node("idle", [GPU(0, "T4", 1000, used=600, holders=1), GPU(1, "T4", 1000)],
+                                   cpu_milli=64000)
+    pod = PodRequest(per_gpu=400, gpu_count=1, cpu_milli=2000)
+    busy, idle = (PaperBestFit().evaluate(n, pod) for n in (empty_card_on_busy_node, tight_card_on_idle_node))
+    assert busy is not None and idle is not None
+    assert busy.score == int((1 - (2000 / 128000 + 0.6 / 8) / 2) * 100) == 95 and busy.gpus == (0,)
+    assert idle.score == int((1 - (62000 / 128000 + 1.0 / 8) / 2) * 100) == 69 and idle.gpus == (0,)
+    packed = choose_node([empty_card_on_busy_node, tight_card_on_idle_node], pod, Binpack())
+    assert packed is not None and packed[0].name == "idle"
+    out = tmp_path / "bestfit.json"
+    code = replay.main(["--data", str(trace), "--policies", "bestfit,binpack", "--seeds", "42", "--jobs", "1",
+                        "--out", str(out), "--plot", str(tmp_path / "bestfit.png")])
+    assert code == 0 and [r["policy"] for r in json.loads(out.read_text())["summary"]] == ["bestfit", "binpack"]
 
 
 def test_missing_trace_files_are_reported_with_a_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,9 +2,14 @@
 
 A node's fragmentation for one expected task shape m is the idle GPU memory that m could not use there:
 all of it if m cannot run on the node at all (no GPU of an accepted model, too little CPU, too few GPUs with
-room), otherwise the idle memory on GPUs that m cannot use (too little free, or a model m does not accept).
-The node's fragmentation F is the expectation over the target workload. FGD places a pod where F grows
-least, trying every distinct GPU the pod could take on each node.
+room) or needs no GPU, otherwise the idle memory on GPUs that m cannot use (too little free, or a model m
+does not accept). The node's fragmentation F is the expectation over the target workload. FGD places a pod
+where F grows least, trying every distinct GPU the pod could take on each node.
+
+Growth is scored as the paper's simulator does: ``int(100 * sigmoid(-growth))`` with the growth in GPUs and
+the target's probabilities summing to one. The score has 101 levels, a 25th of a GPU apart near zero growth
+and ever coarser away from it; placements on the same level tie and go to node priority, which packs the
+cluster (on the openb default trace this is worth 0.95 points of unallocated GPU over exact comparison).
 
 Amounts are in the node's memory units and a task's share is absolute: a 4 GiB task needs 4 GiB free on
 any card. In the openb trace every GPU is modelled as 1000 units, so units are the paper's gpu_milli.
@@ -12,6 +17,7 @@ any card. In the openb trace every GPU is modelled as 1000 units, so units are t
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from itertools import accumulate
@@ -33,19 +39,20 @@ UNLIMITED = 1 << 62
 # Probabilities become integer weights (parts per million) so that F is an exact integer: placements that
 # fragment equally compare equal, and the tie goes to node priority rather than to rounding noise.
 PRECISION = 1_000_000
+# The paper's node scores run from 0 to this (kube-scheduler's MaxNodeScore).
+SCORE_LEVELS = 100
 
 
 class FragmentationMeasure:
     """F for one target workload: the README's measure, prepared for fast evaluation.
 
     F depends on the node's free CPU only through which of the target's CPU thresholds it meets, so the
-    state a value is memoised under records that class, not the exact amount. ``step`` is the resolution
-    at which policies compare growth (0: exactly).
+    state a value is memoised under records that class, not the exact amount. A shape that needs no GPU
+    can use no idle GPU memory, so all of it is fragment for that shape (the paper's rule).
     """
 
-    step = 0
-
     def __init__(self, target: Target) -> None:
+        self.coverage = sum(p for _, p in target) or 1.0
         self.thresholds = sorted({shape.cpu_milli for shape, _ in target})
         self.shapes = tuple((round(p * PRECISION), s.cpu_milli, s.gpu_count, s.per_gpu, s.exclusive)
                             for s, p in target)
@@ -73,7 +80,7 @@ class FragmentationMeasure:
         total = 0
         for i, ((weight, _, count, per_gpu, exclusive), rank) in enumerate(zip(self.shapes, self._ranks,
                                                                                strict=True)):
-            if rank >= cpu_class:
+            if count == 0 or rank >= cpu_class:
                 total += weight * idle
                 continue
             hosts = usable = 0
@@ -110,8 +117,8 @@ def _pools(gpus: Sequence[GPU], changed: dict[int, int]) -> tuple[Pool, ...]:
 
 
 class FragmentationGradient:
-    """Place each pod where the node's expected fragmentation grows least. On a node, the first GPU set
-    (lowest index) of those that grow F least; across nodes the score is minus the growth."""
+    """Place each pod where the node's expected fragmentation grows least, scored as the paper does. On a
+    node, the first GPU set (lowest index) of those with the best score."""
 
     name = "fgd"
     measure_type: type[FragmentationMeasure] = FragmentationMeasure
@@ -150,15 +157,17 @@ class FragmentationGradient:
             return None
         cpu_free = node.cpu_milli - node.cpu_used
         before = self._fragmentation(self._key(node, cpu_free, {}))
-        best: tuple[int, tuple[GPU, ...]] | None = None
+        gpu_size = max((g.total for g in node.gpus), default=0) or 1
+        best: tuple[tuple[float, ...], tuple[GPU, ...]] | None = None
         for chosen in self.choices(hosts, request):
             taken = {g.index: g.free if request.exclusive else request.per_gpu for g in chosen}
             growth = self._fragmentation(self._key(node, cpu_free - request.cpu_milli, taken)) - before
-            if best is None or growth < best[0]:
-                best = (growth, chosen)
+            rank = self.rank(growth, gpu_size)
+            if best is None or rank > best[0]:
+                best = (rank, chosen)
         if best is None:
             return None
-        return Candidate(self._score(best[0]), tuple(g.index for g in best[1]))
+        return Candidate(best[0][0], tuple(g.index for g in best[1]))
 
     def choices(self, hosts: Sequence[GPU], request: PodRequest) -> Iterator[tuple[GPU, ...]]:
         """The GPU sets worth comparing: each distinct GPU for a one-GPU share; otherwise the best-connected
@@ -180,12 +189,12 @@ class FragmentationGradient:
         if {g.index for g in tightest} != {g.index for g in by_index}:
             yield tightest
 
-    def _score(self, growth: int) -> float:
-        """Minus the growth of F in memory units, rounded to the measure's step (ties go to node priority)."""
-        step = self.measure().step
-        if step <= 0:
-            return -growth / PRECISION
-        return -((2 * growth + step) // (2 * step)) * step / PRECISION
+    def rank(self, growth: int, gpu_size: int) -> tuple[float, ...]:
+        """How good a placement that grows F by ``growth`` (memory units times ``PRECISION``) is, on a node
+        whose GPUs hold ``gpu_size`` units: higher is better, the first element is the node score. The
+        paper's score: growth in GPUs, probabilities normalised to sum to one."""
+        gpus = growth / (PRECISION * self.measure().coverage * gpu_size)
+        return (float(int(SCORE_LEVELS / (1.0 + math.exp(gpus)))),)
 
     def _key(self, node: Node, cpu_free: int, taken: dict[int, int]) -> StateKey:
         return self.measure().state(cpu_free if node.cpu_milli else UNLIMITED, _pools(node.gpus, taken))

@@ -17,14 +17,27 @@ tenth of a GPU, in the openb trace). Smaller differences are below what an estim
 can tell apart; treating them as ties hands the choice to the node priority, a fixed order that keeps
 filling the same nodes first and leaves the others whole (on the openb trace this is worth 0.07 to 0.48
 points of unallocated GPU over exact comparison, most on the multi-GPU variant; see docs/policies.md).
+For a pod that shares one GPU, ties go first to FGD's own score, which sees which card's leftover the next
+tasks can use; whole-GPU, multi-GPU and CPU-only pods leave ties to node priority, which keeps whole nodes
+whole for multi-GPU tasks.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 
-from gpushare.policies.fgd import PRECISION, FragmentationGradient, FragmentationMeasure, Pool, StateKey
-from gpushare.policies.workload import Target
+from gpushare.contract import PodRequest
+from gpushare.model import Node
+from gpushare.policies.base import Candidate
+from gpushare.policies.fgd import (
+    PRECISION,
+    SCORE_LEVELS,
+    FragmentationGradient,
+    FragmentationMeasure,
+    Pool,
+    StateKey,
+)
+from gpushare.policies.workload import Target, WorkloadDistribution
 
 # GPU-side facts per shape for one set of pools: the GPU memory the shape could use, how many copies of it
 # the GPUs could take, and the memory one copy takes.
@@ -40,6 +53,7 @@ class CapacityMeasure(FragmentationMeasure):
     def __init__(self, target: Target) -> None:
         super().__init__(target)
         largest = max((s.per_gpu for s, _ in target if s.gpu_count), default=0)
+        # Growth is compared at this resolution (memory units times PRECISION; 0: exactly).
         self.step = largest * PRECISION // STEP_FRACTION
         self._gpu_memo: dict[tuple[Pool, ...], _GPUSide] = {}
 
@@ -97,7 +111,34 @@ class CapacityMeasure(FragmentationMeasure):
 
 class FragmentationLookahead(FragmentationGradient):
     """FGD with the lookahead measure: place where the expected future capacity shrinks least, comparing
-    growth in steps (ties go to node priority)."""
+    growth in steps (ties: FGD's score for one-GPU shares, then node priority)."""
 
     name = "fgd-lookahead"
     measure_type = CapacityMeasure
+
+    def __init__(self, workload: WorkloadDistribution | None = None) -> None:
+        super().__init__(workload)
+        self._fgd = FragmentationGradient(self.workload)
+
+    def evaluate(self, node: Node, request: PodRequest) -> Candidate | None:
+        candidate = super().evaluate(node, request)
+        largest = max((g.total for g in node.gpus), default=0)
+        if candidate is None or request.gpu_count != 1 or request.exclusive or request.per_gpu >= largest:
+            return candidate
+        fgd = self._fgd.evaluate(node, request)
+        if fgd is None:
+            return candidate
+        # Within half a step, so that it only orders placements whose rounded growth ties.
+        step = self._step() / PRECISION
+        return Candidate(candidate.score + fgd.score / (SCORE_LEVELS + 1) * step / 2, candidate.gpus)
+
+    def _step(self) -> int:
+        measure = self.measure()
+        return measure.step if isinstance(measure, CapacityMeasure) else 0
+
+    def rank(self, growth: int, gpu_size: int) -> tuple[float, ...]:
+        """Minus the growth in memory units rounded to the measure's step (the node score; ties go to node
+        priority), then the exact growth (which GPUs to take on the node)."""
+        step = self._step()
+        rounded = growth if step <= 0 else (2 * growth + step) // (2 * step) * step
+        return (-rounded / PRECISION, -growth / PRECISION)
