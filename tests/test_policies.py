@@ -210,3 +210,10 @@ def test_registry_builds_every_policy_and_rejects_unknown_names() -> None:
     assert isinstance(learning, FragmentationGradient) and learning.workload is distribution
     with pytest.raises(ValueError, match="Unknown placement policy 'best'; choose one of"):
         make_policy("best")
+
+
+def test_binpack_counts_an_exclusive_pod_as_filling_its_gpu() -> None:
+    node = Node(name="n", gpus=[GPU(index=0, model="T4", total=16), GPU(index=1, model="T4", total=16, used=4,
+                                                                        holders=1)])
+    candidate = Binpack().evaluate(node, PodRequest(per_gpu=2, exclusive=True))
+    assert candidate is not None and candidate.gpus == (0,) and candidate.score == 1.0

@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gpushare.contract import PodRequest
-from gpushare.model import Node
+from gpushare.model import GPU, Node
 from gpushare.policies.base import Candidate, pick_gpus
+
+NO_GPUS: tuple[GPU, ...] = ()
+
+
+def _choose(node: Node, request: PodRequest, preference: Callable[[GPU], tuple[int, int]]) -> tuple[GPU, ...] | None:
+    """The GPUs a simple policy takes on ``node`` in its order of preference; ``None`` if the pod does not fit."""
+    if not node.fits_host_resources(request):
+        return None
+    if request.gpu_count == 0:
+        return NO_GPUS
+    hosts = node.hosts(request)
+    if len(hosts) < request.gpu_count:
+        return None
+    return pick_gpus(hosts, request.gpu_count, sorted(hosts, key=preference))
+
+
+def _taken(request: PodRequest, chosen: tuple[GPU, ...]) -> int:
+    """Memory the pod takes from its GPUs: all of them when it holds them exclusively."""
+    return sum(g.free for g in chosen) if request.exclusive else request.total
 
 
 class Binpack:
@@ -18,17 +39,11 @@ class Binpack:
     name = "binpack"
 
     def evaluate(self, node: Node, request: PodRequest) -> Candidate | None:
-        if not node.fits_host_resources(request):
+        chosen = _choose(node, request, lambda g: (g.free, g.index))
+        if chosen is None:
             return None
-        if request.gpu_count == 0:
-            return Candidate(0.0, ())
-        hosts = node.hosts(request)
-        if len(hosts) < request.gpu_count:
-            return None
-        order = sorted(hosts, key=lambda g: (g.free, g.index))
-        chosen = pick_gpus(hosts, request.gpu_count, order)
         total = sum(g.total for g in chosen)
-        left = sum(g.free for g in chosen) - (0 if request.exclusive else request.total)
+        left = sum(g.free for g in chosen) - _taken(request, chosen)
         return Candidate(1.0 - left / total if total else 0.0, tuple(g.index for g in chosen))
 
     def observe(self, request: PodRequest) -> None:
@@ -42,17 +57,11 @@ class Spread:
     name = "spread"
 
     def evaluate(self, node: Node, request: PodRequest) -> Candidate | None:
-        if not node.fits_host_resources(request):
+        chosen = _choose(node, request, lambda g: (-g.free, g.index))
+        if chosen is None:
             return None
-        if request.gpu_count == 0:
-            return Candidate(0.0, ())
-        hosts = node.hosts(request)
-        if len(hosts) < request.gpu_count:
-            return None
-        order = sorted(hosts, key=lambda g: (-g.free, g.index))
-        chosen = pick_gpus(hosts, request.gpu_count, order)
         capacity = sum(g.total for g in node.gpus if g.healthy)
-        left = sum(g.free for g in node.gpus) - (sum(g.free for g in chosen) if request.exclusive else request.total)
+        left = sum(g.free for g in node.gpus) - _taken(request, chosen)
         return Candidate(left / capacity if capacity else 0.0, tuple(g.index for g in chosen))
 
     def observe(self, request: PodRequest) -> None:
