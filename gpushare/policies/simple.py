@@ -60,6 +60,8 @@ class Spread:
         chosen = _choose(node, request, lambda g: (-g.free, g.index))
         if chosen is None:
             return None
+        if not chosen:
+            return Candidate(0.0, ())
         capacity = sum(g.total for g in node.gpus if g.healthy)
         left = sum(g.free for g in node.gpus) - _taken(request, chosen)
         return Candidate(left / capacity if capacity else 0.0, tuple(g.index for g in chosen))
