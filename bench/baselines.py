@@ -11,7 +11,7 @@ from __future__ import annotations
 from gpushare.contract import PodRequest
 from gpushare.model import Node
 from gpushare.policies import Candidate
-from gpushare.policies.base import pick_gpus
+from gpushare.policies.simple import choose_gpus, memory_taken
 
 MAX_SPEC_CPU_MILLI = 128_000
 MAX_SPEC_GPUS = 8
@@ -21,15 +21,11 @@ class PaperBestFit:
     name = "bestfit"
 
     def evaluate(self, node: Node, request: PodRequest) -> Candidate | None:
-        if not node.fits_host_resources(request):
+        chosen = choose_gpus(node, request, lambda g: (g.free, g.index))
+        if chosen is None:
             return None
-        hosts = node.hosts(request) if request.gpu_count else []
-        if len(hosts) < request.gpu_count:
-            return None
-        chosen = pick_gpus(hosts, request.gpu_count, sorted(hosts, key=lambda g: (g.free, g.index))) \
-            if request.gpu_count else ()
         gpu_size = max((g.total for g in node.gpus), default=0) or 1
-        taken = sum(g.free for g in chosen) if request.exclusive else request.total
+        taken = memory_taken(request, chosen)
         gpus_left = (sum(g.free for g in node.gpus) - taken) / gpu_size
         cpu_left = node.cpu_milli - node.cpu_used - request.cpu_milli
         left = 0.5 * cpu_left / MAX_SPEC_CPU_MILLI + 0.5 * gpus_left / MAX_SPEC_GPUS

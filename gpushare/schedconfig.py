@@ -126,8 +126,8 @@ def _tls_config(ext: ExtenderOptions) -> dict[str, Any]:
     return tls
 
 
-def extender_entry(ext: ExtenderOptions) -> dict[str, Any]:
-    """One entry of ``KubeSchedulerConfiguration.extenders`` (v1beta3 and v1 share the shape)."""
+def _entry(ext: ExtenderOptions, https_key: str, timeout: str | int) -> dict[str, Any]:
+    """An extender entry; the Policy file and KubeSchedulerConfiguration spell HTTPS and the timeout apart."""
     ext.validate()
     entry: dict[str, Any] = {
         "urlPrefix": ext.url_prefix,
@@ -135,8 +135,8 @@ def extender_entry(ext: ExtenderOptions) -> dict[str, Any]:
         "prioritizeVerb": "prioritize",
         "weight": ext.weight,
         "bindVerb": "bind",
-        "enableHTTPS": ext.https,
-        "httpTimeout": f"{ext.http_timeout_seconds}s",
+        https_key: ext.https,
+        "httpTimeout": timeout,
         "nodeCacheCapable": True,
         "managedResources": _managed_resources(),
         "ignorable": False,
@@ -144,6 +144,11 @@ def extender_entry(ext: ExtenderOptions) -> dict[str, Any]:
     if ext.https:
         entry["tlsConfig"] = _tls_config(ext)
     return entry
+
+
+def extender_entry(ext: ExtenderOptions) -> dict[str, Any]:
+    """One entry of ``KubeSchedulerConfiguration.extenders`` (v1beta3 and v1 share the shape)."""
+    return _entry(ext, "enableHTTPS", f"{ext.http_timeout_seconds}s")
 
 
 def kube_scheduler_configuration(ext: ExtenderOptions, sched: SchedulerOptions,
@@ -167,22 +172,8 @@ def kube_scheduler_configuration(ext: ExtenderOptions, sched: SchedulerOptions,
 
 
 def policy(ext: ExtenderOptions) -> dict[str, Any]:
-    """The legacy Policy file for kube-scheduler before 1.23 (``--policy-config-file``)."""
-    ext.validate()
-    entry: dict[str, Any] = {
-        "urlPrefix": ext.url_prefix,
-        "filterVerb": "filter",
-        "prioritizeVerb": "prioritize",
-        "weight": ext.weight,
-        "bindVerb": "bind",
-        "enableHttps": ext.https,
-        "httpTimeout": ext.http_timeout_seconds * 1_000_000_000,
-        "nodeCacheCapable": True,
-        "managedResources": _managed_resources(),
-        "ignorable": False,
-    }
-    if ext.https:
-        entry["tlsConfig"] = _tls_config(ext)
+    """The legacy Policy file for kube-scheduler before 1.23 (``--policy-config-file``); its timeout is in ns."""
+    entry = _entry(ext, "enableHttps", ext.http_timeout_seconds * 1_000_000_000)
     return {"kind": "Policy", "apiVersion": "v1", "extenders": [entry]}
 
 

@@ -11,8 +11,9 @@ from gpushare.policies.base import Candidate, pick_gpus
 NO_GPUS: tuple[GPU, ...] = ()
 
 
-def _choose(node: Node, request: PodRequest, preference: Callable[[GPU], tuple[int, int]]) -> tuple[GPU, ...] | None:
-    """The GPUs a simple policy takes on ``node`` in its order of preference; ``None`` if the pod does not fit."""
+def choose_gpus(node: Node, request: PodRequest,
+                preference: Callable[[GPU], tuple[int, int]]) -> tuple[GPU, ...] | None:
+    """The GPUs a pod takes on ``node`` in the given order of preference; ``None`` if the pod does not fit."""
     if not node.fits_host_resources(request):
         return None
     if request.gpu_count == 0:
@@ -23,7 +24,7 @@ def _choose(node: Node, request: PodRequest, preference: Callable[[GPU], tuple[i
     return pick_gpus(hosts, request.gpu_count, sorted(hosts, key=preference))
 
 
-def _taken(request: PodRequest, chosen: tuple[GPU, ...]) -> int:
+def memory_taken(request: PodRequest, chosen: tuple[GPU, ...]) -> int:
     """Memory the pod takes from its GPUs: all of them when it holds them exclusively."""
     return sum(g.free for g in chosen) if request.exclusive else request.total
 
@@ -39,11 +40,11 @@ class Binpack:
     name = "binpack"
 
     def evaluate(self, node: Node, request: PodRequest) -> Candidate | None:
-        chosen = _choose(node, request, lambda g: (g.free, g.index))
+        chosen = choose_gpus(node, request, lambda g: (g.free, g.index))
         if chosen is None:
             return None
         total = sum(g.total for g in chosen)
-        left = sum(g.free for g in chosen) - _taken(request, chosen)
+        left = sum(g.free for g in chosen) - memory_taken(request, chosen)
         return Candidate(1.0 - left / total if total else 0.0, tuple(g.index for g in chosen))
 
     def observe(self, request: PodRequest) -> None:
@@ -57,13 +58,13 @@ class Spread:
     name = "spread"
 
     def evaluate(self, node: Node, request: PodRequest) -> Candidate | None:
-        chosen = _choose(node, request, lambda g: (-g.free, g.index))
+        chosen = choose_gpus(node, request, lambda g: (-g.free, g.index))
         if chosen is None:
             return None
         if not chosen:
             return Candidate(0.0, ())
         capacity = sum(g.total for g in node.gpus if g.healthy)
-        left = sum(g.free for g in node.gpus) - _taken(request, chosen)
+        left = sum(g.free for g in node.gpus) - memory_taken(request, chosen)
         return Candidate(left / capacity if capacity else 0.0, tuple(g.index for g in chosen))
 
     def observe(self, request: PodRequest) -> None:
