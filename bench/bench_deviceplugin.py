@@ -27,8 +27,6 @@ import grpc
 from kubernetes import client
 from tabulate import tabulate
 
-from deviceplugin._proto import deviceplugin_v1beta1_pb2 as pb
-from deviceplugin._proto import deviceplugin_v1beta1_pb2_grpc as rpc
 from deviceplugin.devices import device_ids
 from deviceplugin.inventory import Inventory
 from deviceplugin.plugin import SOCKET_NAME, DevicePlugin, PluginConfig
@@ -37,6 +35,8 @@ from deviceplugin.simulated import SimulatedBackend
 from gpushare.clusterspec import ClusterSpec
 from gpushare.contract import RESOURCE_GPU_MEM, MemoryUnit, assignment_annotations, parse_request
 from gpushare.kube.convert import pod_info
+from gpushare.kubeletapi import deviceplugin_v1beta1_pb2 as pb
+from gpushare.kubeletapi import deviceplugin_v1beta1_pb2_grpc as rpc
 from gpushare.localcluster import LocalCluster
 
 NODE = "bench-node"

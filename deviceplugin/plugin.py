@@ -13,7 +13,6 @@ import grpc
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
-from deviceplugin._proto import deviceplugin_v1beta1_pb2_grpc as rpc
 from deviceplugin.allocator import Allocator
 from deviceplugin.gpus import GPUBackend
 from deviceplugin.inventory import Inventory
@@ -26,6 +25,7 @@ from deviceplugin.registration import Registrar
 from deviceplugin.service import OPTIONS, DevicePluginService, device_list
 from deviceplugin.usage import find_overuse
 from gpushare.contract import RESOURCE_GPU_MEM, MemoryUnit
+from gpushare.kubeletapi import deviceplugin_v1beta1_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,6 @@ from pathlib import Path
 import grpc
 from prometheus_client import Counter
 
-from deviceplugin._proto import podresources_v1_pb2 as podresources
-from deviceplugin._proto import podresources_v1_pb2_grpc as podresources_rpc
 from deviceplugin.allocator import placement_annotations
 from deviceplugin.devices import gpus_of
 from deviceplugin.inventory import Inventory
@@ -25,6 +23,8 @@ from deviceplugin.kubeapi import Conflict, Gone, PodWriter
 from deviceplugin.matching import placement_from_devices
 from deviceplugin.podcache import PodCache
 from gpushare.contract import RESOURCE_GPU_MEM, PodInfo, read_assignment
+from gpushare.kubeletapi import podresources_v1_pb2 as podresources
+from gpushare.kubeletapi import podresources_v1_pb2_grpc as podresources_rpc
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import grpc
 import watchfiles
 
-from deviceplugin._proto import deviceplugin_v1beta1_pb2 as pb
-from deviceplugin._proto import deviceplugin_v1beta1_pb2_grpc as rpc
+from gpushare.kubeletapi import deviceplugin_v1beta1_pb2 as pb
+from gpushare.kubeletapi import deviceplugin_v1beta1_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
 

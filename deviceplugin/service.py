@@ -9,13 +9,13 @@ from collections.abc import Iterator
 
 import grpc
 
-from deviceplugin._proto import deviceplugin_v1beta1_pb2 as pb
-from deviceplugin._proto import deviceplugin_v1beta1_pb2_grpc as rpc
 from deviceplugin.allocator import AllocationError, Allocator, UnknownDevices
 from deviceplugin.devices import device_ids
 from deviceplugin.inventory import Inventory
 from deviceplugin.matching import NoPendingPod
 from deviceplugin.metrics import PluginMetrics
+from gpushare.kubeletapi import deviceplugin_v1beta1_pb2 as pb
+from gpushare.kubeletapi import deviceplugin_v1beta1_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
 

@@ -17,13 +17,15 @@ from starlette.concurrency import run_in_threadpool
 from extender.binder import Binder, BindHooks
 from extender.config import ExtenderConfig
 from extender.forward import FORWARDED_BY_HEADER, BindForwarder
+from extender.inspect import inspect_nodes
 from extender.leader import LeaderElector
 from extender.metrics import ExtenderMetrics
 from extender.placement import PolicyBook
 from extender.verbs import Verbs
 from extender.wire import BadRequest, parse_binding_args, parse_extender_args
 from gpushare import __version__
-from gpushare.cache import ClusterCache, ClusterWatch
+from gpushare.cache.state import ClusterCache
+from gpushare.kube.watch import ClusterWatch
 from gpushare.policies.workload import load_workload
 
 PREFIX = "/gpushare-scheduler"
@@ -129,11 +131,11 @@ def create_app(config: ExtenderConfig, api_client: Any, hooks: BindHooks | None 
 
     @app.get(PREFIX + "/inspect")
     def inspect_all() -> Response:
-        return _json({"nodes": cache.inspect(), "error": ""})
+        return _json({"nodes": inspect_nodes(cache), "error": ""})
 
     @app.get(PREFIX + "/inspect/{node}")
     def inspect_node(node: str) -> Response:
-        nodes = cache.inspect(node)
+        nodes = inspect_nodes(cache, node)
         if not nodes:
             return _json({"nodes": [], "error": f"Node {node!r} is not in the gpushare extender's cache; check the "
                                                 "name with 'kubectl get nodes'."}, 404)

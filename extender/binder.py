@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from extender.placement import PolicyBook, placement_request
 from extender.wire import BindingArgs
-from gpushare.cache import ClusterCache, Reservation, ReservationError
+from gpushare.cache.state import ClusterCache, Reservation, ReservationError
 from gpushare.contract import PodInfo, PodRequest, RequestError, assignment_annotations
 from gpushare.kube.convert import pod_info
 from gpushare.kube.events import record_pod_event

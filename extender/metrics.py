@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpushare.cache import ClusterCache
+from gpushare.cache.state import ClusterCache
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -28,11 +28,16 @@ class _ClusterCollector(Collector):
         used = GaugeMetricFamily("gpushare_gpu_memory_allocated",
                                  "GPU memory allocated to pods (bound or being bound), in the configured unit.",
                                  labels=labels)
+        gpus = self._cache.evaluate(self._cache.node_names(),
+                                    lambda node: [(g.index, g.model, g.total, g.used) for g in node.gpus])
         nodes = set()
-        for node, index, model, total_units, used_units in self._cache.gpu_usage():
+        for node, rows in gpus.items():
+            if rows is None:
+                continue
             nodes.add(node)
-            total.add_metric([node, str(index), model], total_units)
-            used.add_metric([node, str(index), model], used_units)
+            for index, model, total_units, used_units in rows:
+                total.add_metric([node, str(index), model], total_units)
+                used.add_metric([node, str(index), model], used_units)
         yield total
         yield used
         yield GaugeMetricFamily("gpushare_extender_nodes", "Nodes in the extender's cache.", value=len(nodes))

@@ -7,7 +7,7 @@ from typing import Any
 
 from extender.placement import PolicyBook, placement_request
 from extender.wire import NODE_NAMES_SHAPE, BadRequest, ExtenderArgs, filter_result
-from gpushare.cache import ClusterCache
+from gpushare.cache.state import ClusterCache
 from gpushare.model import Node
 from gpushare.policies import extender_scores
 

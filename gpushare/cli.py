@@ -84,7 +84,7 @@ def demo(
     import tempfile
     from pathlib import Path
 
-    from gpushare.demo import run_demo
+    from gpushare.localcluster.demo import run_demo
 
     folder = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gpushare-demo-"))
     folder.mkdir(parents=True, exist_ok=True)

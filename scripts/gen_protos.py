@@ -1,10 +1,10 @@
-"""Generate deviceplugin/_proto from protos/*.proto with grpcio-tools.
+"""Generate gpushare/kubeletapi from protos/*.proto with grpcio-tools.
 
-The sources are copied into a temporary include tree laid out as ``deviceplugin/_proto/<name>.proto`` so that
-protoc writes package-qualified imports (``from deviceplugin._proto import x_pb2``) and registers each file
+The sources are copied into a temporary include tree laid out as ``gpushare/kubeletapi/<name>.proto`` so that
+protoc writes package-qualified imports (``from gpushare.kubeletapi import x_pb2``) and registers each file
 under that path. Output is written only where it changed, so a rebuild leaves untouched files alone.
 
-Usage: ``python scripts/gen_protos.py [OUT_DIR]`` (default: the repository's deviceplugin/_proto).
+Usage: ``python scripts/gen_protos.py [OUT_DIR]`` (default: the repository's gpushare/kubeletapi).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-PACKAGE = Path("deviceplugin") / "_proto"
+PACKAGE = Path("gpushare") / "kubeletapi"
 
 
 def generate(root: Path, out_dir: Path | None = None) -> list[Path]:

@@ -20,4 +20,4 @@ class ProtoBuildHook(BuildHookInterface):  # type: ignore[type-arg]
             sys.path.pop(0)
         generate(Path(self.root))
         # The generated modules are gitignored; artifacts puts them in the wheel all the same.
-        build_data.setdefault("artifacts", []).extend(["deviceplugin/_proto/*.py", "deviceplugin/_proto/*.pyi"])
+        build_data.setdefault("artifacts", []).extend(["gpushare/kubeletapi/*.py", "gpushare/kubeletapi/*.pyi"])

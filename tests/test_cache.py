@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare.cache import ClusterCache, ReservationError
+from extender.inspect import inspect_nodes
+from gpushare.cache.state import ClusterCache, ReservationError
 from gpushare.contract import (
     ANN_NODE_INVENTORY,
     RESOURCE_GPU_COUNT,
@@ -64,7 +65,7 @@ def binpack(node: Node, request: PodRequest) -> tuple[int, ...] | None:
 def test_mixed_models_on_one_node_keep_their_own_memory() -> None:
     cache = ClusterCache(MemoryUnit.GiB)
     cache.upsert_node(node_info("n1", [16160, 32510, 81559], ["Tesla-V100-16GB", "Tesla-V100-32GB", "A100-80GB"]))
-    [view] = cache.inspect("n1")
+    [view] = inspect_nodes(cache, "n1")
     assert [d["totalGPU"] for d in view["devs"]] == [16, 32, 80]
     assert view["totalGPU"] == 128
 
@@ -72,7 +73,7 @@ def test_mixed_models_on_one_node_keep_their_own_memory() -> None:
 def test_nodes_without_inventory_split_capacity_by_count() -> None:
     cache = ClusterCache()
     cache.upsert_node(NodeInfo(name="old", capacity={RESOURCE_GPU_MEM: "32", RESOURCE_GPU_COUNT: "2"}))
-    [view] = cache.inspect("old")
+    [view] = inspect_nodes(cache, "old")
     assert [d["totalGPU"] for d in view["devs"]] == [16, 16]
 
 
@@ -93,7 +94,7 @@ def test_only_active_pods_count() -> None:
 def test_pods_seen_before_their_node_are_counted_when_it_appears() -> None:
     cache = ClusterCache()
     cache.upsert_pod(gpu_pod("early", 6, node="late", gpus=(1,), phase="Running"))
-    assert cache.inspect("late") == []
+    assert inspect_nodes(cache, "late") == []
     cache.upsert_node(node_info("late", [16384, 16384]))
     assert used(cache, "late") == [0, 6]
 
@@ -103,7 +104,7 @@ def test_inventory_update_keeps_pods() -> None:
     cache.upsert_node(node_info("n1", [16384, 16384]))
     cache.upsert_pod(gpu_pod("a", 6, node="n1", gpus=(1,), phase="Running"))
     cache.upsert_node(node_info("n1", [16384, 32768]))
-    [view] = cache.inspect("n1")
+    [view] = inspect_nodes(cache, "n1")
     assert [(d["totalGPU"], d["usedGPU"]) for d in view["devs"]] == [(16, 0), (32, 6)]
     assert view["devs"][1]["pods"] == [{"name": "a", "namespace": "default", "usedGPU": 6}]
 

@@ -10,7 +10,8 @@ import pytest
 from kubernetes import client
 from test_extender_harness import T4, T4_MIB, create_pod, gpu_node, pod_body, spec, wait_for
 
-from gpushare.cache import ClusterCache, ClusterWatch
+from extender.inspect import inspect_nodes
+from gpushare.cache.state import ClusterCache
 from gpushare.contract import (
     ANN_NODE_INVENTORY,
     GPUInventoryEntry,
@@ -19,6 +20,7 @@ from gpushare.contract import (
     parse_request,
 )
 from gpushare.kube.convert import pod_info
+from gpushare.kube.watch import ClusterWatch
 from gpushare.localcluster import LocalCluster
 
 
@@ -29,7 +31,7 @@ def bound_pod(name: str, units: int, node: str, gpu: int) -> dict[str, Any]:
 
 
 def used(cache: ClusterCache, node: str) -> list[int]:
-    views = cache.inspect(node)
+    views = inspect_nodes(cache, node)
     return [d["usedGPU"] for d in views[0]["devs"]] if views else []
 
 
@@ -100,7 +102,7 @@ def test_watch_follows_pods_and_node_inventory(cluster: LocalCluster) -> None:
                                       GPUInventoryEntry(2, "A100", 81920)])
         core.patch_node("n1", {"metadata": {"annotations": {ANN_NODE_INVENTORY: inventory}}},
                         _content_type="application/merge-patch+json")
-        wait_for(lambda: [d["totalGPU"] for d in cache.inspect("n1")[0]["devs"]] == [15, 80, 80],
+        wait_for(lambda: [d["totalGPU"] for d in inspect_nodes(cache, "n1")[0]["devs"]] == [15, 80, 80],
                  "the device plugin's new inventory")
     finally:
         watch.stop()

@@ -96,7 +96,7 @@ def test_copy_sources_exist_and_are_not_ignored() -> None:
 
 
 @pytest.mark.parametrize("path", [".venv", ".venv-helm", ".git", "build", "tests",
-                                  "deviceplugin/_proto/deviceplugin_v1beta1_pb2.py"])
+                                  "gpushare/kubeletapi/deviceplugin_v1beta1_pb2.py"])
 def test_dockerignore_keeps_local_state_out(path: str) -> None:
     assert ignored(path)
 
@@ -123,6 +123,6 @@ def test_builder_stage_files_build_every_entry_point(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         entry_points = next(archive.read(n).decode() for n in names if n.endswith("entry_points.txt"))
-    assert "deviceplugin/_proto/deviceplugin_v1beta1_pb2.py" in names
+    assert "gpushare/kubeletapi/deviceplugin_v1beta1_pb2.py" in names
     for script in ENTRY_POINTS:
         assert re.search(rf"^{re.escape(script)} = ", entry_points, re.MULTILINE), script

@@ -21,8 +21,6 @@ import httpx
 import pytest
 from kubernetes import client
 
-from deviceplugin._proto import deviceplugin_v1beta1_pb2 as pb
-from deviceplugin._proto import deviceplugin_v1beta1_pb2_grpc as rpc
 from deviceplugin.allocator import Allocator
 from deviceplugin.gpus import GPUBackend, ProcessUsage
 from deviceplugin.inventory import Inventory
@@ -51,6 +49,8 @@ from gpushare.contract import (
 )
 from gpushare.kube.convert import pod_info
 from gpushare.kube.informer import Obj
+from gpushare.kubeletapi import deviceplugin_v1beta1_pb2 as pb
+from gpushare.kubeletapi import deviceplugin_v1beta1_pb2_grpc as rpc
 from gpushare.localcluster import LocalCluster
 from gpushare.localcluster.kubelet import SimulatedKubelet
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
-from deviceplugin._proto import deviceplugin_v1beta1_pb2 as plugin_api
-from deviceplugin._proto import podresources_v1_pb2 as podresources_api
+from gpushare.kubeletapi import deviceplugin_v1beta1_pb2 as plugin_api
+from gpushare.kubeletapi import podresources_v1_pb2 as podresources_api
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("gen_protos", ROOT / "scripts" / "gen_protos.py")
@@ -25,7 +25,7 @@ def test_the_generated_code_matches_the_protos(tmp_path: Path) -> None:
         f"{stem}{suffix}" for stem in ("deviceplugin_v1beta1", "podresources_v1")
         for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")}
     for path in fresh:
-        committed = ROOT / "deviceplugin" / "_proto" / path.name
+        committed = ROOT / "gpushare" / "kubeletapi" / path.name
         assert committed.exists() and committed.read_bytes() == path.read_bytes(), (
             f"{committed} is stale; run `pip install -e .` (or python scripts/gen_protos.py) to regenerate it")
 

@@ -38,12 +38,12 @@ from typing import Any
 import grpc
 from kubernetes import client, config
 
-from deviceplugin._proto import deviceplugin_v1beta1_pb2 as pb
-from deviceplugin._proto import deviceplugin_v1beta1_pb2_grpc as rpc
-from deviceplugin._proto import podresources_v1_pb2 as podresources
-from deviceplugin._proto import podresources_v1_pb2_grpc as podresources_rpc
 from gpushare.contract import RESOURCE_GPU_MEM
 from gpushare.kube.informer import Informer, Obj
+from gpushare.kubeletapi import deviceplugin_v1beta1_pb2 as pb
+from gpushare.kubeletapi import deviceplugin_v1beta1_pb2_grpc as rpc
+from gpushare.kubeletapi import podresources_v1_pb2 as podresources
+from gpushare.kubeletapi import podresources_v1_pb2_grpc as podresources_rpc
 from gpushare.logs import configure_logging
 from gpushare.quantity import QuantityError, to_int
 

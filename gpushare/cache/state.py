@@ -1,4 +1,4 @@
-"""The extender's view of the cluster: every node's GPUs and what holds them, kept current by watches.
+"""The extender's view of the cluster: every node's GPUs and what holds them, fed by ``gpushare.kube.watch``.
 
 State is rebuilt from the API alone (node inventories and pod annotations), so a restarted extender sees
 exactly what its predecessor recorded. Bind adds a *reservation* the moment it picks GPUs, before it writes
@@ -18,38 +18,24 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import filterfalse
-from typing import Any
+from typing import Any, TypeVar
 
+from gpushare.cache.fitindex import MAX_FIT_SETS, FilterOutcome, FitSet, NodeSummary, fit_check, shape_key, summarise
 from gpushare.contract import MemoryUnit, NodeInfo, PodInfo, PodRequest, read_assignment
-from gpushare.kube.convert import node_info, pod_info
-from gpushare.kube.informer import Informer, Obj
 from gpushare.model import Node, Placement, build_gpus, build_node, placement_of
 
 log = logging.getLogger(__name__)
 
 # Distinct request shapes whose failure messages a node remembers until its state changes.
 MAX_REMEMBERED_REASONS = 64
-# Request shapes whose set of fitting nodes is kept current; each costs a check per node change.
-MAX_FIT_SETS = 32
 
-UNBOUNDED = 1 << 62
+T = TypeVar("T")
 
 
 class ReservationError(Exception):
     """A bind could not reserve GPUs; the text tells the user why."""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSummary:
-    """What filter needs to judge a plain request without touching the node."""
-
-    cpu_free: int
-    memory_free: int
-    frees: tuple[int, ...]  # free units of each GPU a shared pod could still use, largest first
-    empty: int  # GPUs nobody holds, for exclusive pods
-    gpus: tuple[tuple[str, int, int, bool], ...]  # (model, free, compute used, nobody holds it) per open GPU
 
 
 @dataclass(eq=False, slots=True)
@@ -61,39 +47,6 @@ class Reservation:
     uid: str
     placement: Placement
     gpu_totals: tuple[int, ...]
-
-
-@dataclass(slots=True)
-class FilterOutcome:
-    passed: list[str] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)
-    unresolvable: dict[str, str] = field(default_factory=dict)
-
-
-class _FitSet:
-    """The nodes where one request shape fits, and the last filter answer computed from it.
-
-    ``version`` moves whenever an answer could change: a node enters or leaves the set, or a node outside
-    it changes (its failure message may read differently).
-    """
-
-    __slots__ = ("check", "last", "nodes", "version")
-
-    def __init__(self, check: Callable[[NodeSummary], bool], nodes: set[str]) -> None:
-        self.check = check
-        self.nodes = nodes
-        self.version = 0
-        self.last: tuple[int, list[str], FilterOutcome] | None = None
-
-    def update(self, name: str, summary: NodeSummary | None) -> None:
-        """Place a changed node; call with the index lock held."""
-        if summary is not None and self.check(summary):
-            if name not in self.nodes:
-                self.nodes.add(name)
-                self.version += 1
-        else:
-            self.nodes.discard(name)
-            self.version += 1
 
 
 class _Entry:
@@ -109,44 +62,6 @@ class _Entry:
         self.reasons: dict[tuple[Any, ...], tuple[bool, str]] = {}
 
 
-def _shape(request: PodRequest) -> tuple[Any, ...]:
-    return (request.per_gpu, request.gpu_count, request.exclusive, request.compute_percent, request.models,
-            request.cpu_milli, request.memory_mib)
-
-
-def _summarise(node: Node) -> NodeSummary:
-    """The node as ``GPU.can_host`` and ``Node.fits_host_resources`` see it, in plain tuples."""
-    open_gpus = [g for g in node.gpus if g.healthy and not g.exclusive]
-    usable = [g for g in open_gpus if g.compute_used <= 100]
-    return NodeSummary(
-        cpu_free=node.cpu_milli - node.cpu_used if node.cpu_milli else UNBOUNDED,
-        memory_free=node.memory_mib - node.memory_used if node.memory_mib else UNBOUNDED,
-        frees=tuple(sorted((g.total - g.used for g in usable), reverse=True)),
-        empty=sum(1 for g in usable if g.holders == 0 and g.used == 0),
-        gpus=tuple((g.model, g.total - g.used, g.compute_used, g.holders == 0 and g.used == 0) for g in open_gpus),
-    )
-
-
-def _fit_check(request: PodRequest) -> Callable[[NodeSummary], bool]:
-    """Whether a node with this summary admits the request: the same answer as ``Node.fits``."""
-    per_gpu, need, cpu, memory = request.per_gpu, request.gpu_count, request.cpu_milli, request.memory_mib
-    compute, exclusive, models = request.compute_percent, request.exclusive, request.models
-    if not compute and not models.include and not models.exclude:
-        if exclusive:
-            return lambda s: s.cpu_free >= cpu and s.memory_free >= memory and s.empty >= need
-        k = need - 1
-        return lambda s: s.cpu_free >= cpu and s.memory_free >= memory and len(s.frees) > k and s.frees[k] >= per_gpu
-
-    def check(s: NodeSummary) -> bool:
-        if s.cpu_free < cpu or s.memory_free < memory:
-            return False
-        hosts = sum(1 for model, free, compute_used, idle in s.gpus if models.accepts(model) and (
-            idle if exclusive else free >= per_gpu and compute_used + compute <= 100))
-        return hosts >= need
-
-    return check
-
-
 class ClusterCache:
     """Per-node GPU state for every node, fed by ``ClusterWatch`` and changed by bind's reservations."""
 
@@ -158,7 +73,7 @@ class ClusterCache:
         self._pod_nodes: dict[str, str] = {}
         self._reservations: dict[str, Reservation] = {}
         self._index_lock = threading.Lock()
-        self._fit_sets: dict[tuple[Any, ...], _FitSet] = {}
+        self._fit_sets: dict[tuple[Any, ...], FitSet] = {}
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -198,17 +113,17 @@ class ClusterCache:
         fit_set.last = (version, names, out)
         return out
 
-    def _fit_set(self, request: PodRequest) -> _FitSet:
+    def _fit_set(self, request: PodRequest) -> FitSet:
         """The live set of nodes whose summary admits this request shape (built on first use, then kept)."""
-        key = _shape(request)
+        key = shape_key(request)
         fit_set = self._fit_sets.get(key)
         if fit_set is not None:
             return fit_set
         with self._index_lock:
             fit_set = self._fit_sets.get(key)
             if fit_set is None:
-                check = _fit_check(request)
-                fit_set = _FitSet(check, {name for name, summary in list(self._summaries.items()) if check(summary)})
+                check = fit_check(request)
+                fit_set = FitSet(check, {name for name, summary in list(self._summaries.items()) if check(summary)})
                 self._fit_sets[key] = fit_set
                 while len(self._fit_sets) > MAX_FIT_SETS:  # the oldest shape goes first
                     del self._fit_sets[next(iter(self._fit_sets))]
@@ -216,7 +131,7 @@ class ClusterCache:
 
     def _explain(self, names: list[str], request: PodRequest, out: FilterOutcome) -> None:
         """Judge nodes on their full state and word the failures (remembered until the node changes)."""
-        shape = _shape(request)
+        shape = shape_key(request)
         for name in names:
             entry = self._entries.get(name)
             if entry is None or name not in self._summaries:
@@ -237,30 +152,13 @@ class ClusterCache:
                     entry.reasons[shape] = known
             (out.unresolvable if known[0] else out.failed)[name] = known[1]
 
-    def evaluate(self, names: Iterable[str], score: Callable[[Node], float | None]) -> dict[str, float | None]:
-        """``score`` of each known node under its lock; ``None`` for unknown nodes."""
-        out: dict[str, float | None] = {}
+    def evaluate(self, names: Iterable[str], read: Callable[[Node], T]) -> dict[str, T | None]:
+        """``read`` of each known node under its lock; ``None`` for unknown nodes."""
+        out: dict[str, T | None] = {}
         for name in names:
             with self.locked(name) as node:
-                out[name] = None if node is None else score(node)
+                out[name] = None if node is None else read(node)
         return out
-
-    def inspect(self, name: str | None = None) -> list[dict[str, Any]]:
-        """Aliyun's inspect view: per node and GPU, total and used memory and the pods holding it."""
-        names = [name] if name is not None else self.node_names()
-        out = []
-        for node_name in names:
-            with self.locked(node_name) as node:
-                if node is not None:
-                    out.append(_inspect_node(node))
-        return out
-
-    def gpu_usage(self) -> Iterator[tuple[str, int, str, int, int]]:
-        """(node, GPU index, model, total, used) for every GPU, for the metrics."""
-        for name in self.node_names():
-            with self.locked(name) as node:
-                rows = [] if node is None else [(name, g.index, g.model, g.total, g.used) for g in node.gpus]
-            yield from rows
 
     # -- reservations --------------------------------------------------------------------------------------
 
@@ -445,7 +343,7 @@ class ClusterCache:
         """Republish the node's summary and its place in every fit set; call with its lock held after any change."""
         entry.reasons.clear()
         name = entry.name
-        summary = None if entry.info is None else _summarise(entry.state)
+        summary = None if entry.info is None else summarise(entry.state)
         if summary is None:
             self._summaries.pop(name, None)
         else:
@@ -455,67 +353,3 @@ class ClusterCache:
                 fit_set.update(name, summary)
 
 
-def _inspect_node(node: Node) -> dict[str, Any]:
-    devs = []
-    for gpu in sorted(node.gpus, key=lambda g: g.index):
-        pods = []
-        for key, placement in node.placements.items():
-            if gpu.index in placement.gpu_indices:
-                namespace, _, name = key.partition("/")
-                used = gpu.total if placement.exclusive else placement.per_gpu
-                pods.append({"name": name, "namespace": namespace, "usedGPU": used})
-        devs.append({"id": gpu.index, "totalGPU": gpu.total, "usedGPU": gpu.used,
-                     "pods": sorted(pods, key=lambda p: (p["namespace"], p["name"]))})
-    return {"name": node.name, "totalGPU": sum(d["totalGPU"] for d in devs),
-            "usedGPU": sum(d["usedGPU"] for d in devs), "devs": devs}
-
-
-class ClusterWatch:
-    """Lists and watches nodes and pods through the kubernetes client and feeds a ``ClusterCache``.
-
-    ``core_api`` is a ``kubernetes.client.CoreV1Api``; objects travel as raw JSON dicts for speed.
-    """
-
-    def __init__(self, core_api: Any, cache: ClusterCache, watch_timeout_s: int = 300) -> None:
-        self.cache = cache
-        self._nodes = Informer(core_api.list_node, on_sync=self._sync_nodes, on_event=self._node_event,
-                               kind="nodes", watch_timeout_s=watch_timeout_s)
-        self._pods = Informer(core_api.list_pod_for_all_namespaces, on_sync=self._sync_pods,
-                              on_event=self._pod_event, kind="pods", watch_timeout_s=watch_timeout_s)
-
-    def start(self) -> None:
-        self._nodes.start()
-        self._pods.start()
-
-    def stop(self) -> None:
-        self._pods.stop()
-        self._nodes.stop()
-
-    @property
-    def synced(self) -> bool:
-        return self._nodes.synced.is_set() and self._pods.synced.is_set()
-
-    def wait_synced(self, timeout_s: float) -> bool:
-        return self._nodes.synced.wait(timeout_s) and self._pods.synced.wait(timeout_s)
-
-    def _sync_nodes(self, items: list[Obj]) -> None:
-        self.cache.replace_nodes(node_info(o) for o in items)
-        log.info("node list loaded", extra={"nodes": len(items)})
-
-    def _node_event(self, kind: str, obj: Obj) -> None:
-        info = node_info(obj)
-        if kind == "DELETED":
-            self.cache.delete_node(info.name)
-        else:
-            self.cache.upsert_node(info)
-
-    def _sync_pods(self, items: list[Obj]) -> None:
-        self.cache.replace_pods(pod_info(o) for o in items)
-        log.info("pod list loaded", extra={"pods": len(items)})
-
-    def _pod_event(self, kind: str, obj: Obj) -> None:
-        pod = pod_info(obj)
-        if kind == "DELETED":
-            self.cache.delete_pod(pod)
-        else:
-            self.cache.upsert_pod(pod)

@@ -1,0 +1,1 @@
+"""The extender's cluster state: per-GPU accounting with reservations (state) and the fit index (fitindex)."""

@@ -1,0 +1,104 @@
+"""The fit index: which nodes admit each recent request shape, kept current as nodes change.
+
+kube-scheduler sends the same node names with every pod, and most nodes do not change between two pods, so
+filter answers from per-shape sets of fitting nodes instead of judging every node. Each node publishes an
+immutable ``NodeSummary`` after every change; a shape's check reads only that summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpushare.contract import PodRequest
+from gpushare.model import Node
+
+# Request shapes whose set of fitting nodes is kept current; each costs a check per node change.
+MAX_FIT_SETS = 32
+
+UNBOUNDED = 1 << 62
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSummary:
+    """What filter needs to judge a plain request without touching the node."""
+
+    cpu_free: int
+    memory_free: int
+    frees: tuple[int, ...]  # free units of each GPU a shared pod could still use, largest first
+    empty: int  # GPUs nobody holds, for exclusive pods
+    gpus: tuple[tuple[str, int, int, bool], ...]  # (model, free, compute used, nobody holds it) per open GPU
+
+
+@dataclass(slots=True)
+class FilterOutcome:
+    passed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+
+
+class FitSet:
+    """The nodes where one request shape fits, and the last filter answer computed from it.
+
+    ``version`` moves whenever an answer could change: a node enters or leaves the set, or a node outside
+    it changes (its failure message may read differently).
+    """
+
+    __slots__ = ("check", "last", "nodes", "version")
+
+    def __init__(self, check: Callable[[NodeSummary], bool], nodes: set[str]) -> None:
+        self.check = check
+        self.nodes = nodes
+        self.version = 0
+        self.last: tuple[int, list[str], FilterOutcome] | None = None
+
+    def update(self, name: str, summary: NodeSummary | None) -> None:
+        """Place a changed node; call with the index lock held."""
+        if summary is not None and self.check(summary):
+            if name not in self.nodes:
+                self.nodes.add(name)
+                self.version += 1
+        else:
+            self.nodes.discard(name)
+            self.version += 1
+
+
+def shape_key(request: PodRequest) -> tuple[Any, ...]:
+    return (request.per_gpu, request.gpu_count, request.exclusive, request.compute_percent, request.models,
+            request.cpu_milli, request.memory_mib)
+
+
+def summarise(node: Node) -> NodeSummary:
+    """The node as ``GPU.can_host`` and ``Node.fits_host_resources`` see it, in plain tuples."""
+    open_gpus = [g for g in node.gpus if g.healthy and not g.exclusive]
+    usable = [g for g in open_gpus if g.compute_used <= 100]
+    return NodeSummary(
+        cpu_free=node.cpu_milli - node.cpu_used if node.cpu_milli else UNBOUNDED,
+        memory_free=node.memory_mib - node.memory_used if node.memory_mib else UNBOUNDED,
+        frees=tuple(sorted((g.total - g.used for g in usable), reverse=True)),
+        empty=sum(1 for g in usable if g.holders == 0 and g.used == 0),
+        gpus=tuple((g.model, g.total - g.used, g.compute_used, g.holders == 0 and g.used == 0) for g in open_gpus),
+    )
+
+
+def fit_check(request: PodRequest) -> Callable[[NodeSummary], bool]:
+    """Whether a node with this summary admits the request: the same answer as ``Node.fits``."""
+    per_gpu, need, cpu, memory = request.per_gpu, request.gpu_count, request.cpu_milli, request.memory_mib
+    compute, exclusive, models = request.compute_percent, request.exclusive, request.models
+    if not compute and not models.include and not models.exclude:
+        if exclusive:
+            return lambda s: s.cpu_free >= cpu and s.memory_free >= memory and s.empty >= need
+        k = need - 1
+        return lambda s: s.cpu_free >= cpu and s.memory_free >= memory and len(s.frees) > k and s.frees[k] >= per_gpu
+
+    def check(s: NodeSummary) -> bool:
+        if s.cpu_free < cpu or s.memory_free < memory:
+            return False
+        hosts = sum(1 for model, free, compute_used, idle in s.gpus if models.accepts(model) and (
+            idle if exclusive else free >= per_gpu and compute_used + compute <= 100))
+        return hosts >= need
+
+    return check
+
+
