@@ -33,7 +33,7 @@ from deviceplugin.plugin import SOCKET_NAME, DevicePlugin, PluginConfig
 from deviceplugin.service import device_list
 from deviceplugin.simulated import SimulatedBackend
 from gpushare.clusterspec import ClusterSpec
-from gpushare.contract import RESOURCE_GPU_MEM, MemoryUnit, assignment_annotations, parse_request
+from gpushare.contract import RESOURCE_GPU_MEM, MemoryUnit, new_assignment, parse_request
 from gpushare.kube.convert import pod_info
 from gpushare.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from gpushare.kubeletapi import deviceplugin_v1beta1_pb2_grpc as rpc
@@ -67,7 +67,8 @@ def place_pods(core: Any, pods: int, gpus: int, gpu_gib: int, units: int) -> lis
             _preload_content=False)
         obj = json.loads(core.read_namespaced_pod(name, "default", _preload_content=False).data)
         gpu = i % gpus
-        annotations = assignment_annotations(parse_request(pod_info(obj)), [gpu], [gpu_gib], time.time_ns())
+        assignment = new_assignment(parse_request(pod_info(obj)), [gpu], gpu_gib, MemoryUnit.GiB, time.time_ns())
+        annotations = assignment.annotations()
         core.patch_namespaced_pod(name, "default", {"metadata": {"annotations": annotations}},
                                   _content_type=MERGE_PATCH, _preload_content=False)
         core.create_namespaced_binding("default", client.V1Binding(

@@ -52,7 +52,7 @@ def gpu_pod(name: str, gpu_mem: int, gpu_count: int = 1, node: str | None = None
 
 def populate(core: Any, nodes: int) -> int:
     """Bind pods two GPUs at a time so that GPU pair j of node k holds LEVELS_GIB[(k + j) % 5] per GPU."""
-    from gpushare.contract import assignment_annotations, parse_request
+    from gpushare.contract import MemoryUnit, new_assignment, parse_request
     from gpushare.kube.convert import pod_info
 
     bodies = []
@@ -63,8 +63,8 @@ def populate(core: Any, nodes: int) -> int:
                 continue
             body = gpu_pod(f"fill-{k}-{pair}", 2 * level, 2, node=f"node-{k}")
             request = parse_request(pod_info(body))
-            body["metadata"]["annotations"] = assignment_annotations(request, (2 * pair, 2 * pair + 1),
-                                                                     (16, 16), time.time_ns())
+            assignment = new_assignment(request, (2 * pair, 2 * pair + 1), 16, MemoryUnit.GiB, time.time_ns())
+            body["metadata"]["annotations"] = assignment.annotations()
             bodies.append(body)
 
     def create(body: dict[str, Any]) -> None:

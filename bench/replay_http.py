@@ -49,6 +49,7 @@ from gpushare.contract import (
     MemoryUnit,
     decode_inventory,
     read_assignment,
+    unit_annotation,
 )
 from gpushare.kube.convert import pod_info
 from gpushare.localcluster import LocalCluster
@@ -98,8 +99,8 @@ def pod_manifest(pod: openb.TracePod) -> client.V1Pod:
 def advertise_in_unit(core: Any, spec: ClusterSpec) -> None:
     """Check every node's inventory gives each GPU 1000 units, and advertise ``aliyun.com/gpu-mem`` in MiB.
 
-    ``LocalCluster`` publishes the capacity as a device plugin running with ``--unit GiB`` would (1000 MiB
-    rounds to 1 GiB a GPU); the extender places by the inventory, but the capacity should say the same.
+    ``LocalCluster`` publishes the capacity and unit as a device plugin running with ``--unit GiB`` would (1000
+    MiB rounds to 1 GiB a GPU); this switches both to what a plugin running with ``--unit MiB`` publishes.
     """
     for node in spec.nodes:
         raw = orjson.loads(core.read_node(node.name, _preload_content=False).data)
@@ -113,6 +114,8 @@ def advertise_in_unit(core: Any, spec: ClusterSpec) -> None:
             core.patch_node_status(node.name, {"status": {"capacity": {RESOURCE_GPU_MEM: memory},
                                                           "allocatable": {RESOURCE_GPU_MEM: memory}}},
                                    _content_type=MERGE_PATCH, _preload_content=False)
+            core.patch_node(node.name, {"metadata": {"annotations": unit_annotation(UNIT)}},
+                            _content_type=MERGE_PATCH, _preload_content=False)
 
 
 @contextmanager

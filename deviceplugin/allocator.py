@@ -13,6 +13,7 @@ import logging
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
@@ -23,7 +24,6 @@ from deviceplugin.inventory import Inventory
 from deviceplugin.isolation import ContainerGrant, IsolationConfig, Mount, container_environment
 from deviceplugin.kubeapi import Conflict, Gone, PodWriter
 from deviceplugin.matching import (
-    ANN_ALLOCATED_CONTAINERS,
     Match,
     NoPendingPod,
     choose,
@@ -33,7 +33,7 @@ from deviceplugin.matching import (
     waiting_pods,
 )
 from deviceplugin.podcache import PodCache
-from gpushare.contract import ANN_ASSIGNED, ANN_DEV, ANN_GPU_INDICES, ANN_GPU_UUIDS, ANN_IDX, ANN_POD
+from gpushare.contract import Assignment
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,7 @@ class Allocator:
                 self._cache.refresh()  # the watch may not have shown the extender's bind yet
                 refreshed = True
                 continue
+            self._check_unit(match)
             grant = self._grant(match)
             if self._record(match):
                 self._remember(match, frozenset(device_ids))
@@ -147,16 +148,35 @@ class Allocator:
                         "units": match.units})
         return True
 
+    def _check_unit(self, match: Match) -> None:
+        """Refuse a pod placed in another unit than this plugin advertises: its share would be off by 1024x."""
+        recorded = match.waiting.assignment.unit
+        unit = self._inventory.unit
+        if recorded is not None and recorded is not unit:
+            pod = match.waiting.pod
+            message = (f"Pod {pod.key} was placed by the gpushare extender in {recorded.value} of GPU memory, but "
+                       f"node {self._cache.node_name}'s device plugin advertises {unit.value}; gpushare refuses to "
+                       "convert. Run the device plugin with the unit it had when the pod was placed, or delete and "
+                       "recreate the pod.")
+            log.error(message, extra={"pod": pod.key, "recorded_unit": recorded.value, "unit": unit.value})
+            raise AllocationError(message)
+
     def _annotations(self, match: Match) -> dict[str, str]:
+        return self._recorded(match).annotations()
+
+    def _recorded(self, match: Match) -> Assignment:
+        """The pod's assignment once this container is served: the GPUs it really got, and what is done."""
         waiting = match.waiting
-        annotations = placement_annotations(self._inventory, match.gpus) if match.moved else {}
+        recorded = waiting.assignment
+        gpus = [self._gpu(i) for i in match.gpus]
+        if match.moved:
+            recorded = moved_to(recorded, self._inventory, match.gpus)
         if len(waiting.containers) > 1:
             served = waiting.allocated | {match.container}
-            annotations[ANN_ALLOCATED_CONTAINERS] = ",".join(n for n, _ in waiting.containers if n in served)
+            recorded = replace(recorded, allocated_containers=tuple(n for n, _ in waiting.containers if n in served))
         if waiting.is_last(match.container):
-            annotations[ANN_ASSIGNED] = "true"
-            annotations[ANN_GPU_UUIDS] = ",".join(self._gpu(i).uuid for i in match.gpus)
-        return annotations
+            recorded = replace(recorded, assigned=True, gpu_uuids=tuple(g.uuid for g in gpus))
+        return recorded
 
     def _remember(self, match: Match, device_ids: frozenset[str]) -> None:
         uid = match.waiting.pod.uid
@@ -186,18 +206,17 @@ class Allocator:
             limits = [g.memory_mib for g in gpus]
         else:
             limits = split_evenly(match.units * unit.mib, len(gpus))
-        pod_units = int(match.waiting.pod.annotations.get(ANN_POD, "0") or 0) or match.units
+        pod_units = assignment.total or match.units
         return ContainerGrant(gpu_indices=match.gpus, gpu_uuids=tuple(g.uuid for g in gpus),
                               container_units=match.units, pod_units=pod_units,
                               gpu_units=unit.from_mib(gpus[0].memory_mib), limit_mib=tuple(limits),
                               compute_percent=assignment.compute_percent)
 
 
-def placement_annotations(inventory: Inventory, gpus: tuple[int, ...]) -> dict[str, str]:
-    """The annotations that say which GPUs a pod holds."""
-    return {ANN_IDX: str(gpus[0]), ANN_GPU_INDICES: ",".join(str(i) for i in gpus),
-            ANN_DEV: str(inventory.unit.from_mib(inventory.gpu(gpus[0]).memory_mib)),
-            ANN_GPU_UUIDS: ",".join(inventory.gpu(i).uuid for i in gpus)}
+def moved_to(assignment: Assignment, inventory: Inventory, gpus: tuple[int, ...]) -> Assignment:
+    """The assignment of a pod that really runs on ``gpus`` of this node, not where it was recorded."""
+    return replace(assignment, gpu_indices=gpus, gpu_uuids=tuple(inventory.gpu(i).uuid for i in gpus),
+                   gpu_memory=inventory.unit.from_mib(inventory.gpu(gpus[0]).memory_mib))
 
 
 def _names(gpus: Sequence[int]) -> str:

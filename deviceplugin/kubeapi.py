@@ -14,7 +14,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from deviceplugin.inventory import Inventory
-from gpushare.contract import ANN_NODE_INVENTORY, ANN_NODE_UNIT, RESOURCE_GPU_COUNT, encode_inventory
+from gpushare.contract import ANN_NODE_INVENTORY, RESOURCE_GPU_COUNT, encode_inventory, unit_annotation
 from gpushare.kube.informer import Obj
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class NodePublisher:
         status = {"status": {"capacity": {RESOURCE_GPU_COUNT: str(count)},
                              "allocatable": {RESOURCE_GPU_COUNT: str(count)}}}
         annotations = {"metadata": {"annotations": {ANN_NODE_INVENTORY: inventory,
-                                                    ANN_NODE_UNIT: str(self._inventory.unit)}}}
+                                                    **unit_annotation(self._inventory.unit)}}}
         # Reading the raw reply returns the connection to the pool without building a V1Node.
         _ = self._core.patch_node_status(self._node, status, _content_type=MERGE_PATCH, _preload_content=False,
                                          _request_timeout=API_TIMEOUT_S).data

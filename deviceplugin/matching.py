@@ -19,22 +19,18 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpushare.contract import (
     ANN_ASSIGNED,
     ANN_IDX,
-    ANN_POD,
-    PREFIX,
     RESOURCE_GPU_MEM,
     Assignment,
     PodInfo,
+    is_assigned,
     read_assignment,
     requests_gpu,
 )
-
-ANN_ALLOCATED_CONTAINERS = PREFIX + "allocated-containers"
-"""Comma-separated names of a pod's GPU containers that Allocate already served (multi-container pods)."""
 
 
 class NoPendingPod(LookupError):
@@ -50,10 +46,6 @@ class Waiting:
     containers: tuple[tuple[str, int], ...]
     """GPU containers in spec order with their shares; Aliyun pods have one entry named "" for the pod."""
     allocated: frozenset[str] = frozenset()
-
-    @property
-    def legacy(self) -> bool:
-        return not self.assignment.container_shares
 
     def next_container(self, units: int) -> str | None:
         for name, share in self.containers:
@@ -93,36 +85,23 @@ def waiting_pods(pods: Iterable[PodInfo], allocated: Mapping[str, frozenset[str]
     result = []
     for pod in pods:
         # Most pods on a node are long assigned: skip them before parsing their annotations.
-        if pod.annotations.get(ANN_ASSIGNED, "false").lower() == "true" or not pod.is_active:
+        if is_assigned(pod) or not pod.is_active:
             continue
         assignment = read_assignment(pod)
         if assignment is None:
             continue
         if pod.uid in decided:
-            assignment = _with_gpus(assignment, decided[pod.uid])
+            assignment = replace(assignment, gpu_indices=decided[pod.uid])
         if assignment.container_shares:
             containers = tuple((c.name, assignment.container_shares[c.name]) for c in pod.containers
                                if c.name in assignment.container_shares)
         else:
-            containers = (("", _int(pod.annotations.get(ANN_POD))),)
-        done = frozenset(filter(None, pod.annotations.get(ANN_ALLOCATED_CONTAINERS, "").split(",")))
-        done |= allocated.get(pod.uid, frozenset())
+            containers = (("", assignment.total),)
+        done = frozenset(assignment.allocated_containers) | allocated.get(pod.uid, frozenset())
         waiting = Waiting(pod, assignment, containers, done)
         if any(name not in done for name, _ in containers):
             result.append(waiting)
     return result
-
-
-def _int(text: str | None) -> int:
-    try:
-        return int(text or "0")
-    except ValueError:
-        return 0
-
-
-def _with_gpus(assignment: Assignment, gpus: tuple[int, ...]) -> Assignment:
-    return Assignment(gpus, assignment.per_gpu, assignment.exclusive, assignment.compute_percent,
-                      assignment.assigned, assignment.assume_time_ns, assignment.container_shares)
 
 
 def _age_order(waiting: Waiting) -> tuple[int, str]:

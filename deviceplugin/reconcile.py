@@ -16,13 +16,13 @@ from pathlib import Path
 import grpc
 from prometheus_client import Counter
 
-from deviceplugin.allocator import placement_annotations
+from deviceplugin.allocator import moved_to
 from deviceplugin.devices import gpus_of
 from deviceplugin.inventory import Inventory
 from deviceplugin.kubeapi import Conflict, Gone, PodWriter
 from deviceplugin.matching import placement_from_devices
 from deviceplugin.podcache import PodCache
-from gpushare.contract import RESOURCE_GPU_MEM, PodInfo, read_assignment
+from gpushare.contract import RESOURCE_GPU_MEM, Assignment, PodInfo, read_assignment
 from gpushare.kubeletapi import podresources_v1_pb2 as podresources
 from gpushare.kubeletapi import podresources_v1_pb2_grpc as podresources_rpc
 
@@ -86,7 +86,7 @@ class Reconciler:
                 continue
             truth = self._real_gpus(pod, len(assignment.gpu_indices))
             if truth is not None and set(truth) != set(assignment.gpu_indices) and self._correct(
-                    info, assignment.gpu_indices, truth):
+                    info, assignment, truth):
                 corrected += 1
         self._corrections.inc(corrected)
         return corrected
@@ -113,10 +113,11 @@ class Reconciler:
             return None
         return found.pop() if found else None
 
-    def _correct(self, pod: PodInfo, recorded: tuple[int, ...], truth: tuple[int, ...]) -> bool:
+    def _correct(self, pod: PodInfo, assignment: Assignment, truth: tuple[int, ...]) -> bool:
+        recorded = assignment.gpu_indices
         try:
             updated = self._writer.annotate(pod.namespace, pod.name, pod.resource_version,
-                                            placement_annotations(self._inventory, truth))
+                                            moved_to(assignment, self._inventory, truth).annotations())
         except (Conflict, Gone):
             return False  # the next pass sees the pod as it is now
         self._cache.apply(updated)

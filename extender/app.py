@@ -20,7 +20,7 @@ from extender.forward import FORWARDED_BY_HEADER, BindForwarder
 from extender.inspect import inspect_nodes
 from extender.leader import LeaderElector
 from extender.metrics import ExtenderMetrics
-from extender.placement import PolicyBook
+from extender.placement import PolicyBook, RequestCache
 from extender.verbs import Verbs
 from extender.wire import BadRequest, parse_binding_args, parse_extender_args
 from gpushare import __version__
@@ -53,8 +53,9 @@ def create_app(config: ExtenderConfig, api_client: Any, hooks: BindHooks | None 
     cache = ClusterCache(config.unit)
     watch = ClusterWatch(core, cache)
     book = PolicyBook(config.policy, load_workload(config.workload_seed) if config.workload_seed else None)
-    verbs = Verbs(cache, book, config.tie_seed)
-    binder = Binder(core, cache, book, hooks)
+    requests = RequestCache()
+    verbs = Verbs(cache, book, requests, config.tie_seed)
+    binder = Binder(core, cache, book, requests, hooks)
     elector: LeaderElector | None = None
     forwarder: BindForwarder | None = None
     if config.leader is not None:

@@ -19,10 +19,10 @@ import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from extender.placement import PolicyBook, placement_request
+from extender.placement import PolicyBook, RequestCache
 from extender.wire import BindingArgs
 from gpushare.cache.state import ClusterCache, Reservation, ReservationError
-from gpushare.contract import PodInfo, PodRequest, RequestError, assignment_annotations
+from gpushare.contract import PodInfo, PodRequest, RequestError, new_assignment
 from gpushare.kube.convert import pod_info
 from gpushare.kube.events import record_pod_event
 from gpushare.model import Node
@@ -68,10 +68,12 @@ class BindHooks:
 
 
 class Binder:
-    def __init__(self, core_api: Any, cache: ClusterCache, book: PolicyBook, hooks: BindHooks | None = None) -> None:
+    def __init__(self, core_api: Any, cache: ClusterCache, book: PolicyBook, requests: RequestCache,
+                 hooks: BindHooks | None = None) -> None:
         self._core = core_api
         self._cache = cache
         self._book = book
+        self._requests = requests
         self._hooks = hooks or BindHooks()
 
     def bind(self, args: BindingArgs) -> BindOutcome:
@@ -107,7 +109,7 @@ class Binder:
             raise _Failed(f"the pod is already bound to node {pod.node_name}")
         if not pod.is_active:
             raise _Failed("the pod is terminating or has finished")
-        request = placement_request(pod)
+        request = self._requests.request(pod)
         if self._hooks.after_read is not None:
             self._hooks.after_read(pod)
         # A pod without GPUs is reserved too (CPU and memory only, no annotations), so that the next
@@ -158,8 +160,9 @@ class Binder:
             raise _Failed(str(exc)) from None
 
     def _annotate(self, pod: PodInfo, request: PodRequest, reservation: Reservation) -> dict[str, str]:
-        annotations = assignment_annotations(request, reservation.placement.gpu_indices, reservation.gpu_totals,
-                                             time.time_ns())
+        assignment = new_assignment(request, reservation.placement.gpu_indices, reservation.gpu_totals[0],
+                                    reservation.unit, time.time_ns())
+        annotations = assignment.annotations()
         body = {"metadata": {"resourceVersion": pod.resource_version, "annotations": annotations}}
         try:
             self._core.patch_namespaced_pod(pod.name, pod.namespace, body, _content_type=MERGE_PATCH,

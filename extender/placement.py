@@ -6,7 +6,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 
-from gpushare.contract import PodInfo, PodRequest, host_requests, parse_request, requests_gpu
+from gpushare.contract import PodInfo, PodRequest, RequestError, parse_request
 from gpushare.policies import Policy, make_policy
 from gpushare.policies.workload import Shape, WorkloadDistribution
 
@@ -15,17 +15,42 @@ from gpushare.policies.workload import Shape, WorkloadDistribution
 OBSERVED_PODS = 100_000
 
 
-def placement_request(pod: PodInfo) -> PodRequest:
-    """What the policies place: the pod's GPU request, or for a pod that asks for no GPU its CPU and memory.
+# Pods whose parsed request is remembered: kube-scheduler asks filter, prioritize and bind about the same pod
+# within a second or so, and a cluster rarely has more pods pending at once.
+REMEMBERED_REQUESTS = 10_000
 
-    kube-scheduler sends pods without a gpushare resource only when the extender's configuration lists no
-    ``managedResources``; the policies then place those too (``fgd-lookahead`` steers them to CPU-rich
-    nodes). ``RequestError`` if the request cannot be read.
+
+class RequestCache:
+    """Each pod's request parsed once per UID and resourceVersion, shared by filter, prioritize and bind.
+
+    A pod changes its resourceVersion whenever its spec or annotations change, so a remembered request is
+    always the pod's current one. Failures are remembered too: a malformed pod is explained, not re-parsed.
     """
-    if requests_gpu(pod):
-        return parse_request(pod)
-    cpu, memory = host_requests(pod)
-    return PodRequest(per_gpu=0, gpu_count=0, cpu_milli=cpu, memory_mib=memory)
+
+    def __init__(self, size: int = REMEMBERED_REQUESTS) -> None:
+        self._size = size
+        self._parsed: OrderedDict[tuple[str, str], PodRequest | RequestError] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def request(self, pod: PodInfo) -> PodRequest:
+        """The pod's request; ``RequestError`` with the user's sentence if it cannot be read."""
+        if not pod.uid or not pod.resource_version:
+            return parse_request(pod)  # a pod that is not from the API server: nothing identifies its version
+        key = (pod.uid, pod.resource_version)
+        with self._lock:
+            known = self._parsed.get(key)
+        if known is None:
+            try:
+                known = parse_request(pod)
+            except RequestError as exc:
+                known = exc
+            with self._lock:
+                self._parsed[key] = known
+                while len(self._parsed) > self._size:
+                    self._parsed.popitem(last=False)
+        if isinstance(known, RequestError):
+            raise known
+        return known
 
 
 class PolicyBook:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from extender.placement import PolicyBook, placement_request
+from extender.placement import PolicyBook, RequestCache
 from extender.wire import NODE_NAMES_SHAPE, BadRequest, ExtenderArgs, filter_result
 from gpushare.cache.state import ClusterCache
 from gpushare.model import Node
@@ -18,14 +18,15 @@ def _check_names(names: Iterable[object]) -> None:
 
 
 class Verbs:
-    def __init__(self, cache: ClusterCache, book: PolicyBook, tie_seed: int = 0) -> None:
+    def __init__(self, cache: ClusterCache, book: PolicyBook, requests: RequestCache, tie_seed: int = 0) -> None:
         self.cache = cache
         self.book = book
+        self.requests = requests
         self.tie_seed = tie_seed
 
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:
         try:
-            request = placement_request(args.pod)
+            request = self.requests.request(args.pod)
             self.book.observe_once(args.pod.uid or args.pod.key, request)
         except ValueError as exc:  # a RequestError, or a policy the registry does not have
             return filter_result(args, None, {}, {}, str(exc))
@@ -46,7 +47,7 @@ class Verbs:
         names = args.names
         _check_names(names)
         try:
-            wanted = placement_request(args.pod)
+            wanted = self.requests.request(args.pod)
             policy = self.book.for_request(wanted)
         except ValueError:  # filter has already told kube-scheduler why
             return [{"Host": name, "Score": 0} for name in names]

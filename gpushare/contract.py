@@ -13,7 +13,7 @@ Request semantics (documented in the README):
   container limits is accepted too, but Kubernetes then also counts it against the node's ``gpu-count``
   capacity, which only suits pods that take their GPUs whole; the annotation has no such side effect.
 * ``gpushare.io/exclusive: "true"``: every chosen GPU must be entirely free and is held whole.
-* ``gpushare.io/gpu-compute: "<1..100>"``: the share of each chosen GPU's SMs the pod is guaranteed.
+* ``gpushare.io/gpu-compute: "<0..100>"``: the share of each chosen GPU's SMs the pod is guaranteed (0: none).
 * ``gpushare.io/gpu-model`` / ``gpushare.io/gpu-model-exclude``: ``|`` or ``,`` separated model names,
   matched exactly and case-insensitively. HAMi's ``nvidia.com/use-gputype`` / ``nvidia.com/nouse-gputype``
   (case-insensitive substrings) and KubeShare's ``sharedgpu/gpu_model`` are accepted as aliases.
@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from gpushare.quantity import QuantityError, to_int, to_mib, to_milli
+from gpushare.quantity import QuantityError, host_amount, to_int
 
 RESOURCE_GPU_MEM = "aliyun.com/gpu-mem"
 RESOURCE_GPU_COUNT = "aliyun.com/gpu-count"
@@ -44,8 +44,8 @@ ENV_CONTAINER = "ALIYUN_COM_GPU_MEM_CONTAINER"
 
 PREFIX = "gpushare.io/"
 ANN_GPU_INDICES = PREFIX + "gpu-indices"
-ANN_PER_GPU = PREFIX + "gpu-mem-per-gpu"
 ANN_CONTAINER_SHARES = PREFIX + "container-shares"
+ANN_ALLOCATED_CONTAINERS = PREFIX + "allocated-containers"
 ANN_GPU_UUIDS = PREFIX + "gpu-uuids"
 ANN_EXCLUSIVE = PREFIX + "exclusive"
 ANN_COMPUTE = PREFIX + "gpu-compute"
@@ -54,7 +54,8 @@ ANN_GPU_MODEL = PREFIX + "gpu-model"
 ANN_GPU_MODEL_EXCLUDE = PREFIX + "gpu-model-exclude"
 ANN_POLICY = PREFIX + "scheduler-policy"
 ANN_NODE_INVENTORY = PREFIX + "gpu-inventory"
-ANN_NODE_UNIT = PREFIX + "memory-unit"
+ANN_MEMORY_UNIT = PREFIX + "memory-unit"
+"""On a node: the unit its device plugin advertises in. On a pod: the unit its assignment is written in."""
 
 HAMI_USE_GPUTYPE = "nvidia.com/use-gputype"
 HAMI_NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"
@@ -81,6 +82,10 @@ class MemoryUnit(StrEnum):
 
 class RequestError(ValueError):
     """A pod's GPU request that can never be satisfied as written; the text is shown to the user."""
+
+
+class UnitError(ValueError):
+    """A node names a memory unit gpushare does not know; the text tells the operator what to fix."""
 
 
 @dataclass(frozen=True)
@@ -179,7 +184,7 @@ class PodRequest:
         return (self.models.describe(), self.gpu_count, self.per_gpu, self.cpu_milli)
 
 
-def _limit(container: ContainerInfo, resource: str) -> int:
+def _units(container: ContainerInfo, resource: str) -> int:
     value = container.limits.get(resource, container.requests.get(resource))
     if value is None:
         return 0
@@ -191,7 +196,7 @@ def _limit(container: ContainerInfo, resource: str) -> int:
 
 def requests_gpu(pod: PodInfo) -> bool:
     """Whether the pod asks for any resource gpushare manages (the scheduler's managedResources test)."""
-    return any(_limit(c, r) > 0 for c in pod.containers + pod.init_containers for r in MANAGED_RESOURCES)
+    return any(_units(c, r) > 0 for c in pod.containers + pod.init_containers for r in MANAGED_RESOURCES)
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -213,28 +218,39 @@ def model_rule(annotations: Mapping[str, str], labels: Mapping[str, str] | None 
     return ModelRule()
 
 
+def _host_amount(container: ContainerInfo, name: str) -> int:
+    value = container.requests.get(name, container.limits.get(name))
+    if value is None:
+        return 0
+    try:
+        return host_amount(name, value)
+    except QuantityError as exc:
+        raise RequestError(f"Container {container.name!r} asks for {name} {value!r}: {exc}") from None
+
+
 def host_requests(pod: PodInfo) -> tuple[int, int]:
     """Effective CPU and memory requests, the way kube-scheduler computes them (init containers as a max)."""
-
-    def req(c: ContainerInfo, name: str) -> int:
-        value = c.requests.get(name, c.limits.get(name))
-        if value is None:
-            return 0
-        try:
-            return to_milli(value) if name == "cpu" else to_mib(value)
-        except QuantityError as exc:
-            raise RequestError(f"Container {c.name!r} asks for {name} {value!r}: {exc}") from None
-
-    cpu = sum(req(c, "cpu") for c in pod.containers)
-    mem = sum(req(c, "memory") for c in pod.containers)
+    cpu = sum(_host_amount(c, "cpu") for c in pod.containers)
+    mem = sum(_host_amount(c, "memory") for c in pod.containers)
     for c in pod.init_containers:
-        cpu = max(cpu, req(c, "cpu"))
-        mem = max(mem, req(c, "memory"))
+        cpu = max(cpu, _host_amount(c, "cpu"))
+        mem = max(mem, _host_amount(c, "memory"))
     return cpu, mem
 
 
-def _gpu_count(pod: PodInfo) -> int:
-    from_limits = sum(_limit(c, RESOURCE_GPU_COUNT) for c in pod.containers)
+def _exclusive(annotations: Mapping[str, str]) -> bool:
+    return annotations.get(ANN_EXCLUSIVE, "").strip().lower() == "true"
+
+
+def _compute_percent(annotations: Mapping[str, str]) -> int | None:
+    """The guaranteed compute share, 0 when absent; ``None`` when it is not a whole percentage."""
+    text = annotations.get(ANN_COMPUTE, "0").strip() or "0"
+    if not text.isdigit() or not 0 <= int(text) <= 100:
+        return None
+    return int(text)
+
+
+def _gpu_count(pod: PodInfo, from_limits: int) -> int:
     text = pod.annotations.get(ANN_GPU_COUNT)
     if text is None:
         return from_limits or 1
@@ -247,11 +263,27 @@ def _gpu_count(pod: PodInfo) -> int:
 
 
 def parse_request(pod: PodInfo) -> PodRequest:
-    """Turn a pod spec into a ``PodRequest``; raise ``RequestError`` with a sentence for the user."""
-    shares = {c.name: _limit(c, RESOURCE_GPU_MEM) for c in pod.containers}
-    shares = {name: units for name, units in shares.items() if units > 0}
+    """What the policies place for this pod; raise ``RequestError`` with a sentence for the user.
+
+    A pod asking for a gpushare resource gets its GPU request. A pod asking for none gets ``gpu_count`` 0 and
+    only its CPU and memory: kube-scheduler sends such pods when the extender's configuration lists no
+    ``managedResources``, and the policies place those too (``fgd-lookahead`` steers them to CPU-rich nodes).
+    """
+    shares: dict[str, int] = {}
+    count_in_limits = 0
+    asks_gpu = False
+    for c in pod.containers:
+        units, count = _units(c, RESOURCE_GPU_MEM), _units(c, RESOURCE_GPU_COUNT)
+        if units > 0:
+            shares[c.name] = units
+        count_in_limits += count
+        asks_gpu = asks_gpu or units > 0 or count > 0
+    asks_gpu = asks_gpu or any(_units(c, r) > 0 for c in pod.init_containers for r in MANAGED_RESOURCES)
+    cpu, memory = host_requests(pod)
+    if not asks_gpu:
+        return PodRequest(per_gpu=0, gpu_count=0, cpu_milli=cpu, memory_mib=memory)
     total = sum(shares.values())
-    count = _gpu_count(pod)
+    count = _gpu_count(pod, count_in_limits)
     if total <= 0:
         raise RequestError(f"Pod {pod.key} asks for no {RESOURCE_GPU_MEM}; set it in a container's limits.")
     if total % count:
@@ -259,71 +291,134 @@ def parse_request(pod: PodInfo) -> PodRequest:
             f"Pod {pod.key} asks for {total} units of {RESOURCE_GPU_MEM} across {count} GPUs, which does not "
             f"divide evenly; ask for a multiple of {count}.")
     ann = pod.annotations
-    exclusive = ann.get(ANN_EXCLUSIVE, "").lower() == "true"
-    compute = ann.get(ANN_COMPUTE, "0").strip() or "0"
-    if not compute.isdigit() or not 0 <= int(compute) <= 100:
-        raise RequestError(f"Pod {pod.key} has {ANN_COMPUTE}={compute!r}; use a whole percentage from 1 to 100.")
+    compute = _compute_percent(ann)
+    if compute is None:
+        raise RequestError(f"Pod {pod.key} has {ANN_COMPUTE}={ann.get(ANN_COMPUTE)!r}; use a whole percentage from "
+                           "0 to 100 (0, or no annotation, asks for no guaranteed share).")
     policy = ann.get(ANN_POLICY, ann.get(HAMI_GPU_POLICY))
     if policy is not None and policy not in POLICY_NAMES:
         raise RequestError(
             f"Pod {pod.key} asks for placement policy {policy!r}; use one of {', '.join(POLICY_NAMES)}.")
-    cpu, memory = host_requests(pod)
-    return PodRequest(per_gpu=total // count, gpu_count=count, exclusive=exclusive,
-                      compute_percent=int(compute), models=model_rule(ann, pod.labels), policy=policy,
+    return PodRequest(per_gpu=total // count, gpu_count=count, exclusive=_exclusive(ann),
+                      compute_percent=compute, models=model_rule(ann, pod.labels), policy=policy,
                       container_shares=shares, cpu_milli=cpu, memory_mib=memory)
+
+
+def node_unit(node: NodeInfo, default: MemoryUnit) -> MemoryUnit:
+    """The unit of one ``aliyun.com/gpu-mem`` device on this node, as its device plugin publishes it.
+
+    ``default`` covers nodes whose plugin does not say (Aliyun's plugin, or one from before the annotation).
+    """
+    text = node.annotations.get(ANN_MEMORY_UNIT)
+    if text is None:
+        return default
+    try:
+        return MemoryUnit(text.strip())
+    except ValueError:
+        raise UnitError(
+            f"Node {node.name} says its {RESOURCE_GPU_MEM} devices are {text[:40]!r} ({ANN_MEMORY_UNIT}); gpushare "
+            f"knows {' and '.join(u.value for u in MemoryUnit)}. Check the version and --unit flag of the node's "
+            "gpushare device plugin.") from None
+
+
+def unit_annotation(unit: MemoryUnit) -> dict[str, str]:
+    """What the device plugin publishes on its node so that every component reads the node's unit."""
+    return {ANN_MEMORY_UNIT: unit.value}
 
 
 @dataclass(frozen=True)
 class Assignment:
-    """What the extender recorded on a bound pod: which GPUs, and how much of each."""
+    """Which GPUs a pod holds and how much of each: the one codec of the assignment annotations.
+
+    The extender writes it at bind (``assigned`` false); the device plugin completes it at Allocate (the GPUs
+    the kubelet really gave, the containers served, ``assigned`` true). Everyone reads it with
+    ``read_assignment``. Pods placed by Aliyun's extender carry only Aliyun's five annotations and read as
+    one GPU with no per-container shares and no unit.
+    """
 
     gpu_indices: tuple[int, ...]
-    per_gpu: int
-    exclusive: bool
-    compute_percent: int
-    assigned: bool
+    total: int
+    """The pod's units of ``aliyun.com/gpu-mem`` over all its GPUs (Aliyun's ``ALIYUN_COM_GPU_MEM_POD``)."""
+    gpu_memory: int
+    """The first GPU's memory in units (Aliyun's ``ALIYUN_COM_GPU_MEM_DEV``)."""
     assume_time_ns: int
-    container_shares: Mapping[str, int]
+    container_shares: Mapping[str, int] = field(default_factory=dict)
+    unit: MemoryUnit | None = None
+    assigned: bool = False
+    allocated_containers: tuple[str, ...] = ()
+    """The GPU containers Allocate has served, in spec order (multi-container pods, one Allocate each)."""
+    gpu_uuids: tuple[str, ...] = ()
+    exclusive: bool = False
+    """From the pod's request annotation, which the user writes; never encoded here."""
+    compute_percent: int = 0
+    """From the pod's request annotation, which the user writes; never encoded here."""
+
+    @property
+    def per_gpu(self) -> int:
+        return self.total // max(len(self.gpu_indices), 1)
+
+    def annotations(self) -> dict[str, str]:
+        """The pod annotations that record this assignment: Aliyun's five, plus ours."""
+        out = {
+            ANN_IDX: str(self.gpu_indices[0]),
+            ANN_POD: str(self.total),
+            ANN_DEV: str(self.gpu_memory),
+            ANN_ASSIGNED: "true" if self.assigned else "false",
+            ANN_ASSUME_TIME: str(self.assume_time_ns),
+            ANN_GPU_INDICES: ",".join(str(i) for i in self.gpu_indices),
+        }
+        if self.container_shares:
+            out[ANN_CONTAINER_SHARES] = json.dumps(dict(self.container_shares), sort_keys=True, separators=(",", ":"))
+        if self.unit is not None:
+            out[ANN_MEMORY_UNIT] = self.unit.value
+        if self.allocated_containers:
+            out[ANN_ALLOCATED_CONTAINERS] = ",".join(self.allocated_containers)
+        if self.gpu_uuids:
+            out[ANN_GPU_UUIDS] = ",".join(self.gpu_uuids)
+        return out
 
 
-def assignment_annotations(request: PodRequest, gpu_indices: Iterable[int], gpu_totals: Iterable[int],
-                           assume_time_ns: int) -> dict[str, str]:
-    """The annotations bind writes: Aliyun's five, plus ours for multi-GPU and per-container shares."""
-    indices = tuple(gpu_indices)
-    totals = tuple(gpu_totals)
-    return {
-        ANN_IDX: str(indices[0]),
-        ANN_POD: str(request.total),
-        ANN_DEV: str(totals[0]),
-        ANN_ASSIGNED: "false",
-        ANN_ASSUME_TIME: str(assume_time_ns),
-        ANN_GPU_INDICES: ",".join(str(i) for i in indices),
-        ANN_PER_GPU: str(request.per_gpu),
-        ANN_CONTAINER_SHARES: json.dumps(dict(request.container_shares), sort_keys=True, separators=(",", ":")),
-    }
+def new_assignment(request: PodRequest, gpu_indices: Iterable[int], gpu_memory: int, unit: MemoryUnit,
+                   assume_time_ns: int) -> Assignment:
+    """The assignment bind records for a pod placed on ``gpu_indices`` of a node advertising in ``unit``."""
+    return Assignment(gpu_indices=tuple(gpu_indices), total=request.total, gpu_memory=gpu_memory,
+                      assume_time_ns=assume_time_ns, container_shares=dict(request.container_shares), unit=unit,
+                      exclusive=request.exclusive, compute_percent=request.compute_percent)
+
+
+def is_assigned(pod: PodInfo) -> bool:
+    """Whether the device plugin has finished the pod's assignment (cheap: one annotation, no parsing)."""
+    return pod.annotations.get(ANN_ASSIGNED, "false").strip().lower() == "true"
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(p for p in (part.strip() for part in text.split(",")) if p)
 
 
 def read_assignment(pod: PodInfo) -> Assignment | None:
-    """The GPUs a bound pod holds, from its annotations; ``None`` if the extender never placed it.
-
-    Pods placed by Aliyun's extender carry only the five Aliyun annotations; they read as one GPU.
-    """
+    """The GPUs a bound pod holds, from its annotations; ``None`` if the extender never placed it or the
+    annotations are not gpushare's (malformed values are treated as no assignment, never guessed)."""
     ann = pod.annotations
     if ANN_IDX not in ann:
         return None
     try:
         indices = tuple(int(i) for i in ann.get(ANN_GPU_INDICES, ann[ANN_IDX]).split(","))
         total = int(ann.get(ANN_POD, "0"))
-        per_gpu = int(ann.get(ANN_PER_GPU, total // max(len(indices), 1)))
+        gpu_memory = int(ann.get(ANN_DEV, "0") or 0)
         shares = json.loads(ann[ANN_CONTAINER_SHARES]) if ANN_CONTAINER_SHARES in ann else {}
+        container_shares = {str(k): int(v) for k, v in shares.items()}
         assume = int(ann.get(ANN_ASSUME_TIME, "0"))
-        compute = int(ann.get(ANN_COMPUTE, "0") or 0)
-    except (ValueError, json.JSONDecodeError):
+        unit = MemoryUnit(ann[ANN_MEMORY_UNIT]) if ANN_MEMORY_UNIT in ann else None
+    except (ValueError, AttributeError, TypeError):  # JSONDecodeError is a ValueError
         return None
-    return Assignment(gpu_indices=indices, per_gpu=per_gpu,
-                      exclusive=ann.get(ANN_EXCLUSIVE, "").lower() == "true", compute_percent=compute,
-                      assigned=ann.get(ANN_ASSIGNED, "false").lower() == "true", assume_time_ns=assume,
-                      container_shares={str(k): int(v) for k, v in shares.items()})
+    compute = _compute_percent(ann)
+    if compute is None or any(i < 0 for i in indices) or total < 0:
+        return None
+    return Assignment(gpu_indices=indices, total=total, gpu_memory=gpu_memory, assume_time_ns=assume,
+                      container_shares=container_shares, unit=unit, assigned=is_assigned(pod),
+                      allocated_containers=_names(ann.get(ANN_ALLOCATED_CONTAINERS, "")),
+                      gpu_uuids=_names(ann.get(ANN_GPU_UUIDS, "")), exclusive=_exclusive(ann),
+                      compute_percent=compute)
 
 
 @dataclass(frozen=True)

@@ -10,20 +10,24 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpushare.contract import (
+    ANN_MEMORY_UNIT,
     ANN_NODE_INVENTORY,
     RESOURCE_GPU_COUNT,
     RESOURCE_GPU_MEM,
     Assignment,
+    GPUInventoryEntry,
     MemoryUnit,
     NodeInfo,
     PodInfo,
     PodRequest,
     RequestError,
+    UnitError,
     decode_inventory,
     host_requests,
+    node_unit,
     read_assignment,
 )
-from gpushare.quantity import QuantityError, to_int, to_mib, to_milli
+from gpushare.quantity import QuantityError, capacity_amount, to_int
 
 # Labels that GPU feature discovery and Aliyun's node pools put on nodes, read when no inventory exists.
 MODEL_LABELS = ("nvidia.com/gpu.product", "aliyun.accelerator/nvidia_name")
@@ -89,6 +93,10 @@ class Node:
     cpu_used: int = 0
     memory_used: int = 0
     placements: dict[str, Placement] = field(default_factory=dict)
+    unit: MemoryUnit = MemoryUnit.GiB
+    """The unit of every memory figure of this node and of the pods placed on it (the node's plugin decides)."""
+    defect: str | None = None
+    """Why none of the node's GPUs can be used as published (for example an unknown memory unit)."""
 
     def gpu(self, index: int) -> GPU | None:
         for gpu in self.gpus:
@@ -158,6 +166,8 @@ class Node:
 
     def unresolvable_reason(self, request: PodRequest) -> str | None:
         """Why the pod could not run here even on an empty node, or ``None`` if it could."""
+        if self.defect is not None:
+            return self.defect
         models = [g for g in self.gpus if request.models.accepts(g.model)]
         if not self.gpus:
             return f"node {self.name} has no GPUs that gpushare manages"
@@ -197,8 +207,35 @@ def _gpus_from_capacity(node: NodeInfo, model: str) -> list[GPU]:
     return [GPU(index=i, model=model, total=mem // count) for i in range(count)]
 
 
+def _unit_mismatch(node: NodeInfo, unit: MemoryUnit, entries: tuple[GPUInventoryEntry, ...]) -> str | None:
+    """A sentence when the node's advertised device count says its plugin uses another unit than ``unit``.
+
+    The kubelet's capacity counts the devices the plugin really advertises, one per unit of each GPU's memory;
+    when it matches the inventory in the other unit and not in ``unit``, converting would be off by 1024x.
+    """
+    try:
+        advertised = to_int(node.capacity.get(RESOURCE_GPU_MEM, "0"))
+    except QuantityError:
+        return None
+    if not advertised:
+        return None
+    for other in MemoryUnit:
+        if other is not unit and advertised == sum(other.from_mib(e.memory_mib) for e in entries) != sum(
+                unit.from_mib(e.memory_mib) for e in entries):
+            said = f"says {node.annotations[ANN_MEMORY_UNIT]}" if ANN_MEMORY_UNIT in node.annotations else (
+                f"does not say its unit, so the extender's default {unit.value} applies")
+            return (f"Node {node.name} advertises {advertised} {RESOURCE_GPU_MEM} devices, which is its GPUs' memory "
+                    f"in {other.value}, but its {ANN_MEMORY_UNIT} annotation {said}; gpushare refuses to guess. Run "
+                    "the node's device plugin and the extender with the same unit, or upgrade the device plugin so "
+                    "that it publishes its unit.")
+    return None
+
+
 def build_gpus(node: NodeInfo, unit: MemoryUnit) -> list[GPU]:
-    """The node's GPUs, from the device plugin's inventory, else from its capacity."""
+    """The node's GPUs in ``unit``, from the device plugin's inventory, else from its capacity.
+
+    ``UnitError`` when the node's advertised devices show that its plugin counts in another unit.
+    """
     text = node.annotations.get(ANN_NODE_INVENTORY)
     if text:
         try:
@@ -206,27 +243,28 @@ def build_gpus(node: NodeInfo, unit: MemoryUnit) -> list[GPU]:
         except ValueError:
             entries = ()
         if entries:
+            mismatch = _unit_mismatch(node, unit, entries)
+            if mismatch is not None:
+                raise UnitError(mismatch)
             return [GPU(index=e.index, model=e.model, total=unit.from_mib(e.memory_mib), healthy=e.healthy,
                         numa=e.numa, links=dict(e.links), uuid=e.uuid) for e in entries]
     model = next((node.labels[k] for k in MODEL_LABELS if k in node.labels), "unknown")
     return _gpus_from_capacity(node, model)
 
 
-def _host_quantity(values: Mapping[str, str], name: str) -> int:
-    raw = values.get(name)
-    if raw is None:
-        return 0
+def build_node(node: NodeInfo, default_unit: MemoryUnit, pods: Iterable[PodInfo] = ()) -> Node:
+    """A node's model in its own unit, with every active pod bound to it accounted from its annotations.
+
+    ``default_unit`` is the unit of nodes whose device plugin does not publish one.
+    """
+    defect = None
     try:
-        return to_milli(raw) if name == "cpu" else to_mib(raw)
-    except QuantityError:
-        return 0
-
-
-def build_node(node: NodeInfo, unit: MemoryUnit, pods: Iterable[PodInfo] = ()) -> Node:
-    """A node's model, with every active pod bound to it accounted from its annotations."""
-    state = Node(name=node.name, gpus=build_gpus(node, unit),
-                 cpu_milli=_host_quantity(node.allocatable, "cpu"),
-                 memory_mib=_host_quantity(node.allocatable, "memory"))
+        unit = node_unit(node, default_unit)
+        gpus = build_gpus(node, unit)
+    except UnitError as exc:
+        unit, gpus, defect = default_unit, [], str(exc)
+    state = Node(name=node.name, gpus=gpus, cpu_milli=capacity_amount(node.allocatable, "cpu"),
+                 memory_mib=capacity_amount(node.allocatable, "memory"), unit=unit, defect=defect)
     for pod in pods:
         account_pod(state, pod)
     return state

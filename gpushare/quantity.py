@@ -6,6 +6,7 @@ quantity grammar (decimal and binary SI suffixes, exponents).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -54,3 +55,27 @@ def to_milli(text: str | int | float) -> int:
 def to_mib(text: str | int | float) -> int:
     """Bytes expressed in MiB, rounded up."""
     return int((parse_quantity(text) / 2**20).to_integral_value(rounding=ROUND_CEILING))
+
+
+def capacity_amount(values: Mapping[str, object], resource: str) -> int:
+    """A node's capacity or allocatable of ``resource`` as ``host_amount`` counts it; 0 when absent or unreadable.
+
+    Node status comes from the kubelet through the API server, which validated it; 0 only keeps a broken
+    object from taking the reader down with it.
+    """
+    raw = values.get(resource)
+    if raw is None:
+        return 0
+    try:
+        return host_amount(resource, str(raw))
+    except QuantityError:
+        return 0
+
+
+def host_amount(resource: str, text: str | int | float) -> int:
+    """A host resource as the scheduler counts it: CPU in millicores, memory in MiB, anything else in units."""
+    if resource == "cpu":
+        return to_milli(text)
+    if resource == "memory":
+        return to_mib(text)
+    return to_int(text)

@@ -34,8 +34,9 @@ def _cluster_footer(report: ClusterReport) -> list[str]:
             f"{report.allocated}/{report.total} ({percent(report.allocated, report.total)}%)"]
 
 
-def _unplaced_notes(report: ClusterReport) -> list[str]:
-    return [f"Pod {key} on node {node.name} asks for GPU memory but was not placed by the gpushare extender; "
+def _notes(report: ClusterReport) -> list[str]:
+    defects = [f"{node.defect} Its GPUs are left out above." for node in report.nodes if node.defect]
+    return defects + [f"Pod {key} on node {node.name} asks for GPU memory but was not placed by the gpushare extender; "
             "it uses a GPU nobody accounts for. Recreate it so that the scheduler sends it to the extender."
             for node in report.nodes for key in node.unplaced]
 
@@ -61,7 +62,7 @@ def summary(report: ClusterReport) -> str:
     lines = [_table(rows, headers), RULE, *_cluster_footer(report)]
     if show_pending:
         lines.append(PENDING_NOTE)
-    return "\n".join(lines + _unplaced_notes(report)) + "\n"
+    return "\n".join(lines + _notes(report)) + "\n"
 
 
 def _wide_rows(report: ClusterReport, node: NodeReport) -> list[list[str]]:
@@ -85,7 +86,7 @@ def wide(report: ClusterReport) -> str:
     lines = [_table(rows, _wide_headers(report)), RULE, *_cluster_footer(report)]
     if any(n.pending for n in report.nodes):
         lines.append(PENDING_NOTE)
-    return "\n".join(lines + _unplaced_notes(report)) + "\n"
+    return "\n".join(lines + _notes(report)) + "\n"
 
 
 def _node_detail(report: ClusterReport, node: NodeReport, with_gpus: bool) -> list[str]:
@@ -118,7 +119,7 @@ def details(report: ClusterReport, with_gpus: bool = False) -> str:
     lines += ["", *_cluster_footer(report)]
     if any(n.pending for n in report.nodes):
         lines.append(PENDING_NOTE)
-    return "\n".join(lines + _unplaced_notes(report)) + "\n"
+    return "\n".join(lines + _notes(report)) + "\n"
 
 
 def as_data(report: ClusterReport) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from gpushare.contract import (
     ANN_NODE_INVENTORY,
-    ANN_NODE_UNIT,
     NODE_LABEL,
     RESOURCE_GPU_MEM,
     MemoryUnit,
@@ -33,14 +32,6 @@ def is_gpushare_node(node: NodeInfo) -> bool:
         return to_int(node.capacity.get(RESOURCE_GPU_MEM, "0")) > 0
     except QuantityError:
         return False
-
-
-def node_unit(node: NodeInfo) -> MemoryUnit:
-    """The unit the node's device plugin advertises in; GiB, Aliyun's default, when it does not say."""
-    try:
-        return MemoryUnit(node.annotations.get(ANN_NODE_UNIT, MemoryUnit.GiB.value))
-    except ValueError:
-        return MemoryUnit.GiB
 
 
 @dataclass(frozen=True)
@@ -75,6 +66,8 @@ class NodeReport:
     pods: tuple[PodUsage, ...]
     unplaced: tuple[str, ...]
     """Pods on the node that ask for GPU memory but carry no gpushare assignment (they skipped the extender)."""
+    defect: str | None = None
+    """Why the node's GPUs cannot be counted as published (the extender refuses the node for the same reason)."""
 
     @property
     def total(self) -> int:
@@ -139,9 +132,9 @@ def _wants_gpu(pod: PodInfo) -> bool:
 
 
 def node_report(node: NodeInfo, pods: Iterable[PodInfo]) -> NodeReport:
-    unit = node_unit(node)
     active = sorted((p for p in pods if p.node_name == node.name and p.is_active), key=lambda p: p.key)
-    state = build_node(node, unit, active)
+    # Nodes whose plugin does not say (Aliyun's) advertise GiB, Aliyun's default.
+    state = build_node(node, MemoryUnit.GiB, active)
     gpus = {g.index: g for g in state.gpus}
     usages = [u for u in (_pod_usage(p, gpus) for p in active) if u is not None]
     unplaced = tuple(p.key for p in active if read_assignment(p) is None and _wants_gpu(p))
@@ -152,7 +145,7 @@ def node_report(node: NodeInfo, pods: Iterable[PodInfo]) -> NodeReport:
                   nvml_used_mib=nvml.get(g.index))
         for g in sorted(state.gpus, key=lambda g: g.index))
     address = node.addresses[0] if node.addresses else ""
-    return NodeReport(node.name, address, unit, reports, tuple(usages), unplaced)
+    return NodeReport(node.name, address, state.unit, reports, tuple(usages), unplaced, state.defect)
 
 
 def cluster_report(nodes: Iterable[NodeInfo], pods: Iterable[PodInfo]) -> ClusterReport:

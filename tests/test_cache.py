@@ -20,8 +20,8 @@ from gpushare.contract import (
     NodeInfo,
     PodInfo,
     PodRequest,
-    assignment_annotations,
     encode_inventory,
+    new_assignment,
     parse_request,
 )
 from gpushare.model import Node, build_node
@@ -45,7 +45,7 @@ def gpu_pod(name: str, units: int, count: int = 1, node: str | None = None, gpus
                   containers=(ContainerInfo("main", limits=limits, requests={"cpu": cpu}),))
     if gpus:
         request = parse_request(pod)
-        ann = assignment_annotations(request, gpus, [16] * len(gpus), 1)
+        ann = new_assignment(request, gpus, 16, MemoryUnit.GiB, 1).annotations()
         pod = PodInfo(namespace=pod.namespace, name=name, uid=pod.uid, node_name=node, phase=phase,
                       annotations=ann, containers=pod.containers)
     return pod

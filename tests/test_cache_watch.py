@@ -15,8 +15,9 @@ from gpushare.cache.state import ClusterCache
 from gpushare.contract import (
     ANN_NODE_INVENTORY,
     GPUInventoryEntry,
-    assignment_annotations,
+    MemoryUnit,
     encode_inventory,
+    new_assignment,
     parse_request,
 )
 from gpushare.kube.convert import pod_info
@@ -26,7 +27,8 @@ from gpushare.localcluster import LocalCluster
 
 def bound_pod(name: str, units: int, node: str, gpu: int) -> dict[str, Any]:
     body = pod_body(name, units, node=node)
-    body["metadata"]["annotations"] = assignment_annotations(parse_request(pod_info(body)), [gpu], [15], 1)
+    assignment = new_assignment(parse_request(pod_info(body)), [gpu], 15, MemoryUnit.GiB, 1)
+    body["metadata"]["annotations"] = assignment.annotations()
     return body
 
 

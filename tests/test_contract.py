@@ -13,9 +13,9 @@ from gpushare.contract import (
     MemoryUnit,
     PodInfo,
     RequestError,
-    assignment_annotations,
     decode_inventory,
     encode_inventory,
+    new_assignment,
     parse_request,
     read_assignment,
     requests_gpu,
@@ -67,9 +67,14 @@ def test_multi_gpu_request_splits_memory_evenly() -> None:
     assert (by_annotation.per_gpu, by_annotation.gpu_count) == (8, 3)
 
 
+def test_a_pod_without_gpushare_resources_is_placed_by_cpu_and_memory() -> None:
+    request = parse_request(pod(ContainerInfo(name="main", requests={"cpu": "500m", "memory": "1Gi"})))
+    assert (request.gpu_count, request.per_gpu, request.cpu_milli, request.memory_mib) == (0, 0, 500, 1024)
+
+
 @pytest.mark.parametrize(("p", "message"), [
     (pod(gpu("main", "5", count="2")), "does not divide evenly"),
-    (pod(ContainerInfo(name="main")), "asks for no aliyun.com/gpu-mem"),
+    (pod(ContainerInfo(name="main", limits={contract.RESOURCE_GPU_COUNT: "1"})), "asks for no aliyun.com/gpu-mem"),
     (pod(gpu("main", "two")), "is not a Kubernetes quantity"),
     (pod(gpu("main", "2"), annotations={contract.ANN_COMPUTE: "150"}), "whole percentage"),
     (pod(gpu("main", "2"), annotations={contract.ANN_POLICY: "magic"}), "placement policy 'magic'"),
@@ -112,14 +117,17 @@ def test_model_rules_and_aliases() -> None:
 def test_assignment_round_trips_through_annotations() -> None:
     request = parse_request(pod(gpu("a", "6", count="2"), gpu("b", "2"),
                                 annotations={contract.ANN_COMPUTE: "30"}))
-    annotations = assignment_annotations(request, [3, 1], [16, 16], assume_time_ns=42)
+    written = new_assignment(request, [3, 1], 16, MemoryUnit.MiB, assume_time_ns=42)
+    annotations = written.annotations()
     assert annotations[contract.ANN_IDX] == "3"
     assert annotations[contract.ANN_POD] == "8"
+    assert annotations[contract.ANN_DEV] == "16"
     assert annotations[contract.ANN_ASSIGNED] == "false"
+    assert annotations[contract.ANN_MEMORY_UNIT] == "MiB"
     assert json.loads(annotations[contract.ANN_CONTAINER_SHARES]) == {"a": 6, "b": 2}
     bound = PodInfo(namespace="ns", name="p", annotations={**annotations, contract.ANN_COMPUTE: "30"})
     assignment = read_assignment(bound)
-    assert assignment is not None
+    assert assignment == written
     assert (assignment.gpu_indices, assignment.per_gpu, assignment.compute_percent) == ((3, 1), 4, 30)
 
 

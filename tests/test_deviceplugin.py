@@ -18,7 +18,6 @@ from deviceplugin.gpus import GPUDevice, ProcessUsage, XidEvent
 from deviceplugin.inventory import Inventory
 from deviceplugin.isolation import ContainerGrant, Isolation, IsolationConfig, Mount, container_environment
 from deviceplugin.matching import (
-    ANN_ALLOCATED_CONTAINERS,
     NoPendingPod,
     choose,
     preferred_devices,
@@ -31,6 +30,7 @@ from deviceplugin.simulated import SimulatedBackend
 from deviceplugin.usage import find_overuse
 from gpushare.clusterspec import NodeSpec
 from gpushare.contract import (
+    ANN_ALLOCATED_CONTAINERS,
     ANN_ASSIGNED,
     ANN_COMPUTE,
     ANN_EXCLUSIVE,
@@ -39,7 +39,7 @@ from gpushare.contract import (
     ContainerInfo,
     MemoryUnit,
     PodInfo,
-    assignment_annotations,
+    new_assignment,
     parse_request,
 )
 
@@ -58,7 +58,7 @@ def placed(name: str, shares: dict[str, int], gpus: tuple[int, ...] = (0,), assu
         containers.append(ContainerInfo(container, limits))
     pod = PodInfo("default", name, uid=f"uid-{name}", node_name="n1", containers=tuple(containers),
                   annotations=dict(extra or {}), resource_version="5", phase=phase)
-    annotations = assignment_annotations(parse_request(pod), gpus, [16] * len(gpus), assume)
+    annotations = new_assignment(parse_request(pod), gpus, 16, MemoryUnit.GiB, assume).annotations()
     if legacy:
         annotations = {k: v for k, v in annotations.items() if not k.startswith("gpushare.io/")}
     return PodInfo("default", name, uid=pod.uid, node_name="n1", containers=pod.containers, phase=phase,
@@ -140,7 +140,7 @@ def test_a_pod_whose_containers_are_all_served_waits_no_more() -> None:
 def test_aliyun_pods_match_on_their_whole_request() -> None:
     legacy = placed("legacy", {"a": 2, "b": 2}, legacy=True)
     match = choose(waiting_pods([legacy]), 4, Counter({0: 4}))
-    assert match.waiting.legacy and match.container == "" and match.waiting.is_last("")
+    assert not match.waiting.assignment.container_shares and match.container == "" and match.waiting.is_last("")
     with pytest.raises(NoPendingPod):
         choose(waiting_pods([legacy]), 2, Counter({0: 2}))
 

@@ -32,7 +32,7 @@ from gpushare.contract import (
     ANN_DEV,
     ANN_GPU_INDICES,
     ANN_IDX,
-    ANN_PER_GPU,
+    ANN_MEMORY_UNIT,
     ANN_POD,
     MemoryUnit,
     PodInfo,
@@ -203,7 +203,7 @@ def test_multi_gpu_pod_spans_gpus(env: Env) -> None:
     assert body["NodeNames"] == ["mixed", "t4x2"]
     assert env.bind(pod, "t4x2") == ""
     ann = read_pod(env.core, "wide")["metadata"]["annotations"]
-    assert (ann[ANN_GPU_INDICES], ann[ANN_PER_GPU], ann[ANN_POD]) == ("0,1", "12", "24")
+    assert (ann[ANN_GPU_INDICES], ann[ANN_POD], ann[ANN_MEMORY_UNIT]) == ("0,1", "24", "GiB")
     env.settled()
     assert [d["usedGPU"] for d in env.inspect("t4x2")["nodes"][0]["devs"]] == [12, 12]
     again = create_pod(env.core, pod_body("wide2", 8, gpu_count=2))
@@ -361,10 +361,12 @@ def test_service_routes(env: Env) -> None:
     assert 'gpushare_gpu_memory_total{gpu="1",model="Tesla-V100-SXM2-32GB",node="mixed"} 32.0' in text
 
 
-def test_mib_unit(cluster: LocalCluster) -> None:
+def test_the_unit_flag_never_overrides_the_unit_a_node_publishes(cluster: LocalCluster) -> None:
+    # The local cluster publishes what a device plugin running with --unit GiB does; tests/test_units.py has
+    # nodes in MiB and nodes that publish no unit.
     with running_extender(cluster, ExtenderConfig(unit=MemoryUnit.MiB)) as url:
         env = Env(cluster, url)
-        assert [d["totalGPU"] for d in env.inspect("mixed")["nodes"][0]["devs"]] == [T4_MIB, V100_32_MIB]
+        assert [d["totalGPU"] for d in env.inspect("mixed")["nodes"][0]["devs"]] == [15, 32]
 
 
 def test_learning_policy_chosen_by_the_pod(env: Env) -> None:

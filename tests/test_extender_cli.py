@@ -59,7 +59,7 @@ def test_serves_with_json_logs(kubeconfig: str) -> None:
     with extender_process("--kubeconfig", kubeconfig, "--port", "0", "--unit", "MiB") as (url, logs):
         wait_ready(url)
         view = httpx.get(url + "/gpushare-scheduler/inspect/n1").json()
-        assert view["nodes"][0]["totalGPU"] == T4_MIB
+        assert view["nodes"][0]["totalGPU"] == 15  # the node publishes GiB: its unit wins over --unit
     started = next(entry for entry in logs if entry["msg"] == "starting gpushare extender")
     assert started["level"] == "INFO" and started["unit"] == "MiB" and started["policy"] == DEFAULT_POLICY
     assert all("color_message" not in entry for entry in logs)

@@ -27,10 +27,11 @@ from gpushare.contract import (
     ANN_ASSIGNED,
     ANN_EXCLUSIVE,
     ANN_NODE_INVENTORY,
+    MemoryUnit,
     PodRequest,
-    assignment_annotations,
     decode_inventory,
     encode_inventory,
+    new_assignment,
 )
 from gpushare.localcluster import LocalCluster
 
@@ -50,7 +51,8 @@ SPEC = ClusterSpec.model_validate({"nodes": [
 def gpu_pod(name: str, node: str, memory: int, gpus: list[int], totals: list[int], *, namespace: str = "default",
             assigned: bool = True, exclusive: bool = False, annotate: bool = True) -> dict[str, Any]:
     request = PodRequest(per_gpu=memory // len(gpus), gpu_count=len(gpus), container_shares={"main": memory})
-    annotations = assignment_annotations(request, gpus, totals, 1_700_000_000_000_000_000) if annotate else {}
+    assignment = new_assignment(request, gpus, totals[0], MemoryUnit.GiB, 1_700_000_000_000_000_000)
+    annotations = assignment.annotations() if annotate else {}
     if annotate and assigned:
         annotations[ANN_ASSIGNED] = "true"
     if exclusive:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from gpushare.contract import (
     ANN_ASSIGNED,
+    ANN_MEMORY_UNIT,
     ANN_NODE_INVENTORY,
-    ANN_NODE_UNIT,
     ContainerInfo,
     GPUInventoryEntry,
+    MemoryUnit,
     NodeInfo,
     PodInfo,
     PodRequest,
-    assignment_annotations,
     encode_inventory,
+    new_assignment,
 )
 from inspect_cli import render
 from inspect_cli.report import cluster_report, is_gpushare_node, node_report
@@ -22,7 +23,7 @@ def node(name: str, mib: list[int], unit: str | None = None, **kwargs: object) -
     annotations = {ANN_NODE_INVENTORY: encode_inventory(
         GPUInventoryEntry(index=i, model="T4", memory_mib=m) for i, m in enumerate(mib))}
     if unit:
-        annotations[ANN_NODE_UNIT] = unit
+        annotations[ANN_MEMORY_UNIT] = unit
     return NodeInfo(name=name, labels={"gpushare": "true"}, annotations=annotations, addresses=("10.0.0.1",),
                     **kwargs)  # type: ignore[arg-type]
 
@@ -30,7 +31,7 @@ def node(name: str, mib: list[int], unit: str | None = None, **kwargs: object) -
 def pod(name: str, node_name: str, memory: int, gpus: tuple[int, ...] = (0,), *, assigned: bool = True,
         phase: str = "Running", deleting: bool = False) -> PodInfo:
     request = PodRequest(per_gpu=memory // len(gpus), gpu_count=len(gpus), container_shares={"main": memory})
-    annotations = assignment_annotations(request, gpus, [0] * len(gpus), 1)
+    annotations = new_assignment(request, gpus, 0, MemoryUnit.GiB, 1).annotations()
     annotations[ANN_ASSIGNED] = str(assigned).lower()
     return PodInfo(namespace="default", name=name, node_name=node_name, phase=phase, deleting=deleting,
                    annotations=annotations,

@@ -1,6 +1,6 @@
 """The device plugin and the simulated kubelet together, over real unix sockets, against the local API server.
 
-Pods are placed the way the extender places them: created, annotated with ``assignment_annotations`` and
+Pods are placed the way the extender places them: created, annotated with ``new_assignment`` and
 bound with a Binding. The kubelet then admits them through the plugin exactly as a real one would.
 """
 
@@ -26,25 +26,25 @@ from deviceplugin.gpus import GPUBackend, ProcessUsage
 from deviceplugin.inventory import Inventory
 from deviceplugin.isolation import Isolation, IsolationConfig
 from deviceplugin.kubeapi import Conflict, PodWriter
-from deviceplugin.matching import ANN_ALLOCATED_CONTAINERS
 from deviceplugin.nvml import NvmlBackend
 from deviceplugin.plugin import SOCKET_NAME, DevicePlugin, PluginConfig
 from deviceplugin.podcache import PodCache
 from deviceplugin.simulated import SimulatedBackend
 from gpushare.clusterspec import ClusterSpec
 from gpushare.contract import (
+    ANN_ALLOCATED_CONTAINERS,
     ANN_ASSIGNED,
     ANN_COMPUTE,
     ANN_GPU_COUNT,
     ANN_GPU_UUIDS,
     ANN_IDX,
+    ANN_MEMORY_UNIT,
     ANN_NODE_INVENTORY,
-    ANN_NODE_UNIT,
     RESOURCE_GPU_COUNT,
     RESOURCE_GPU_MEM,
     MemoryUnit,
-    assignment_annotations,
     decode_inventory,
+    new_assignment,
     parse_request,
 )
 from gpushare.kube.convert import pod_info
@@ -102,10 +102,12 @@ class Rig:
                 "spec": {"containers": specs}}
         self.core.create_namespaced_pod("default", body, _preload_content=False)
 
-    def place(self, name: str, gpus: tuple[int, ...], assume_ns: int | None = None) -> None:
+    def place(self, name: str, gpus: tuple[int, ...], assume_ns: int | None = None,
+              unit: MemoryUnit = MemoryUnit.GiB) -> None:
         """What the extender's bind does: write the assignment, then bind the pod to the node."""
         request = parse_request(pod_info(self.pod(name)))
-        annotations = assignment_annotations(request, gpus, [GIB[i] for i in gpus], assume_ns or time.time_ns())
+        assignment = new_assignment(request, gpus, GIB[gpus[0]], unit, assume_ns or time.time_ns())
+        annotations = assignment.annotations()
         self.core.patch_namespaced_pod(name, "default", {"metadata": {"annotations": annotations}},
                                        _content_type=MERGE_PATCH, _preload_content=False)
         self.bind(name)
@@ -159,7 +161,7 @@ def test_the_plugin_registers_and_advertises_each_gpu_with_its_own_memory(node: 
     assert status["status"]["allocatable"][RESOURCE_GPU_COUNT] == "3"
     annotations = node.node()["metadata"]["annotations"]
     inventory = decode_inventory(annotations[ANN_NODE_INVENTORY])
-    assert annotations[ANN_NODE_UNIT] == "GiB"
+    assert annotations[ANN_MEMORY_UNIT] == "GiB"
     assert [(g.model, g.memory_mib, g.uuid, g.numa, g.healthy) for g in inventory] == [
         (s.model, s.memory_mib, UUIDS[i], s.numa, True) for i, s in enumerate(SPEC.node(NODE).gpus)]
     assert inventory[0].links == {1: 100}
@@ -361,6 +363,18 @@ def test_allocate_refuses_devices_that_are_not_the_plugins(node: Rig) -> None:
                     devices_ids=devices)]), timeout=5)
             assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert reason in str(caught.value.details())
+
+
+def test_allocate_refuses_a_pod_placed_in_another_unit(node: Rig) -> None:
+    node.create("placed-in-mib", {"c": 2})
+    node.place("placed-in-mib", (0,), unit=MemoryUnit.MiB)  # an extender that believed this node counts MiB
+    with grpc.insecure_channel(f"unix://{node.directory / SOCKET_NAME}") as channel, \
+            pytest.raises(grpc.RpcError) as caught:
+        rpc.DevicePluginStub(channel).Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(
+            devices_ids=[f"{UUIDS[0]}-_-0", f"{UUIDS[0]}-_-1"])]), timeout=5)
+    assert ("Pod default/placed-in-mib was placed by the gpushare extender in MiB of GPU memory, but node "
+            f"{NODE}'s device plugin advertises GiB; gpushare refuses to convert") in str(caught.value.details())
+    assert node.pod("placed-in-mib")["metadata"]["annotations"][ANN_ASSIGNED] == "false"
 
 
 def test_the_kubelet_refuses_a_plugin_of_another_api_version(node: Rig) -> None:

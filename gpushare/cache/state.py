@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from gpushare.cache.fitindex import MAX_FIT_SETS, FilterOutcome, FitSet, NodeSummary, fit_check, shape_key, summarise
 from gpushare.contract import MemoryUnit, NodeInfo, PodInfo, PodRequest, read_assignment
-from gpushare.model import Node, Placement, build_gpus, build_node, placement_of
+from gpushare.model import Node, Placement, build_node, placement_of
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ class Reservation:
     uid: str
     placement: Placement
     gpu_totals: tuple[int, ...]
+    unit: MemoryUnit
 
 
 class _Entry:
@@ -67,6 +68,7 @@ class ClusterCache:
 
     def __init__(self, unit: MemoryUnit = MemoryUnit.GiB) -> None:
         self.unit = unit
+        """The unit of nodes whose device plugin does not publish one; every other node is read in its own."""
         self._entries: dict[str, _Entry] = {}
         self._summaries: dict[str, NodeSummary] = {}
         self._registry = threading.Lock()
@@ -185,7 +187,7 @@ class ClusterCache:
                 except ValueError as exc:
                     raise ReservationError(str(exc)) from None
                 totals = tuple(g.total for i in gpus if (g := node.gpu(i)) is not None)
-                reservation = Reservation(node_name, pod_key, uid, placement, totals)
+                reservation = Reservation(node_name, pod_key, uid, placement, totals, node.unit)
                 self._reservations[pod_key] = reservation
                 self._pod_nodes[pod_key] = node_name
             self._refresh(entry)
@@ -231,6 +233,8 @@ class ClusterCache:
             if entry.info == info:
                 return  # a status heartbeat: nothing gpushare reads has changed
             state = build_node(info, self.unit)
+            if state.defect is not None and state.defect != entry.state.defect:
+                log.warning(state.defect, extra={"node": info.name})
             for key, placement in entry.state.placements.items():
                 state.add(key, placement)
             entry.info = info
@@ -276,8 +280,7 @@ class ClusterCache:
                     for key, (node_name, placement) in chosen.items():
                         by_node.setdefault(node_name, {})[key] = placement
                     for entry in entries:
-                        state = Node(name=entry.name, gpus=build_gpus(entry.info, self.unit) if entry.info else [],
-                                     cpu_milli=entry.state.cpu_milli, memory_mib=entry.state.memory_mib)
+                        state = build_node(entry.info, self.unit) if entry.info else Node(name=entry.name, gpus=[])
                         for key, placement in by_node.get(entry.name, {}).items():
                             state.add(key, placement)
                         entry.state = state

@@ -86,12 +86,6 @@ def unprocessable(message: str) -> ApiError:
     return ApiError(422, "Invalid", message)
 
 
-def unsupported_media_type(content_type: str, accepted: tuple[str, ...]) -> ApiError:
-    return ApiError(415, "UnsupportedMediaType",
-                    f"the body of the request was in an unknown format ({content_type or 'none given'}) - "
-                    f"accepted media types include: {', '.join(accepted)}")
-
-
 def not_acceptable(accept: str) -> ApiError:
     return ApiError(406, "NotAcceptable",
                     f"only the following media types are accepted: application/json (the client asked for {accept})")

@@ -11,6 +11,7 @@ from gpushare.contract import (
     GPUInventoryEntry,
     MemoryUnit,
     encode_inventory,
+    unit_annotation,
 )
 from gpushare.localcluster.resources import Obj
 from gpushare.localcluster.store import now_rfc3339
@@ -44,6 +45,7 @@ def node_object(spec: NodeSpec, ordinal: int, publish_inventory: bool) -> Obj:
         capacity[RESOURCE_GPU_MEM] = str(sum(MemoryUnit.GiB.from_mib(g.memory_mib) for g in spec.gpus))
         capacity[RESOURCE_GPU_COUNT] = str(len(spec.gpus))
         annotations[ANN_NODE_INVENTORY] = encode_inventory(inventory(spec))
+        annotations.update(unit_annotation(MemoryUnit.GiB))
     now = now_rfc3339()
     labels = {"kubernetes.io/hostname": spec.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
               **spec.labels}

@@ -37,7 +37,7 @@ from gpushare.contract import RequestError, host_requests, requests_gpu
 from gpushare.kube.convert import pod_info
 from gpushare.kube.events import record_pod_event
 from gpushare.kube.informer import Informer, Obj
-from gpushare.quantity import QuantityError, to_int, to_mib, to_milli
+from gpushare.quantity import capacity_amount
 
 log = logging.getLogger(__name__)
 
@@ -83,16 +83,6 @@ class _Usage:
     pods: int = 0
 
 
-def _quantity(values: dict[str, Any], name: str, parse: Any) -> int:
-    raw = values.get(name)
-    if raw is None:
-        return 0
-    try:
-        return int(parse(str(raw)))
-    except QuantityError:
-        return 0
-
-
 def _host_node(obj: Obj) -> _HostNode:
     status = obj.get("status") or {}
     allocatable = status.get("allocatable") or status.get("capacity") or {}
@@ -100,9 +90,9 @@ def _host_node(obj: Obj) -> _HostNode:
     ready_conditions = [c for c in conditions if c.get("type") == "Ready"]
     # A node that reports no conditions at all is taken as ready: nothing says otherwise.
     ready = not ready_conditions or ready_conditions[0].get("status") == "True"
-    return _HostNode(name=obj["metadata"]["name"], cpu_milli=_quantity(allocatable, "cpu", to_milli),
-                     memory_mib=_quantity(allocatable, "memory", to_mib),
-                     pods=_quantity(allocatable, "pods", to_int), ready=ready,
+    return _HostNode(name=obj["metadata"]["name"], cpu_milli=capacity_amount(allocatable, "cpu"),
+                     memory_mib=capacity_amount(allocatable, "memory"),
+                     pods=capacity_amount(allocatable, "pods"), ready=ready,
                      unschedulable=bool((obj.get("spec") or {}).get("unschedulable")), raw=obj)
 
 
