@@ -287,6 +287,7 @@ class Store:
         else:
             meta.pop("namespace", None)
         obj = {**body, "apiVersion": resource.api_version, "kind": resource.kind, "metadata": meta}
+        kinds.decode(resource, obj)
         kinds.apply_defaults(resource, obj)
         kinds.prepare_create(resource, obj)
         kinds.validate(resource, obj)
@@ -315,6 +316,7 @@ class Store:
             else:
                 meta.pop(system, None)
         new = {**body, "apiVersion": resource.api_version, "kind": resource.kind, "metadata": meta}
+        kinds.decode(resource, new)
         kinds.apply_defaults(resource, new)
         self._keep_other_half(resource, old, new, subresource)
         kinds.validate(resource, new)
