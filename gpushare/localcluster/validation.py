@@ -91,6 +91,15 @@ def duplicate(path: str, value: str) -> FieldError:
     return FieldError("FieldValueDuplicate", "Duplicate value", path, "", value)
 
 
+def forbidden(path: str, detail: str) -> FieldError:
+    return FieldError("FieldValueForbidden", "Forbidden", path, detail)
+
+
+def not_supported(path: str, value: str, supported: tuple[str, ...]) -> FieldError:
+    return FieldError("FieldValueNotSupported", "Unsupported value", path,
+                      "supported values: " + ", ".join(f'"{v}"' for v in supported), value)
+
+
 def too_long(path: str, limit: int) -> FieldError:
     return FieldError("FieldValueTooLong", "Too long", path, f"may not be more than {limit} bytes")
 
@@ -102,7 +111,8 @@ def invalid_object(kind: str, group: str, name: str, errors: list[FieldError]) -
                     "causes": [{"reason": e.reason, "message": e.body(), "field": e.field} for e in errors]}
     if group:
         details["group"] = group
-    return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {summary}', details)
+    qualified = f"{kind}.{group}" if group else kind
+    return ApiError(422, "Invalid", f'{qualified} "{name}" is invalid: {summary}', details)
 
 
 # -- decoding ----------------------------------------------------------------------------------------------------
