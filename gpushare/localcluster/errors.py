@@ -12,15 +12,17 @@ from typing import Any
 class ApiError(Exception):
     """A request the API refuses; ``status()`` is the body sent back."""
 
-    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
+    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None,
+                 metadata: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
         self.details = details
+        self.metadata = metadata or {}
 
     def status(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": self.metadata, "status": "Failure",
                                 "message": self.message, "reason": self.reason, "code": self.code}
         if self.details is not None:
             body["details"] = self.details
@@ -70,8 +72,15 @@ def bad_request(message: str) -> ApiError:
     return ApiError(400, "BadRequest", message)
 
 
-def expired(message: str) -> ApiError:
-    return ApiError(410, "Expired", message)
+def expired(message: str, metadata: dict[str, Any] | None = None) -> ApiError:
+    return ApiError(410, "Expired", message, metadata=metadata)
+
+
+def too_large_resource_version(wanted: int, current: int) -> ApiError:
+    """What the watch cache answers when a requested version has not arrived within its 3 s wait."""
+    return ApiError(504, "Timeout", f"Timeout: Too large resource version: {wanted}, current: {current}",
+                    {"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                     "retryAfterSeconds": 1})
 
 
 def forbidden(message: str) -> ApiError:

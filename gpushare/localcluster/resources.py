@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpushare.localcluster import validation
 from gpushare.localcluster.errors import ApiError, forbidden, invalid
 
 Obj = dict[str, Any]
@@ -88,21 +88,13 @@ RESOURCES = (PODS, NODES, NAMESPACES, CONFIGMAPS, EVENTS, LEASES)
 BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 GROUPS = {"coordination.k8s.io": "v1"}
 
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-
-
 def check_name(resource: Resource, name: str) -> None:
     """Namespaces need a DNS label; every other kind a DNS subdomain, as in Kubernetes."""
-    if resource is NAMESPACES:
-        if len(name) > 63 or not _DNS_LABEL.fullmatch(name):
-            raise invalid(resource.kind, resource.group, name, "metadata.name",
-                          f'Invalid value: "{name}": a lowercase RFC 1123 label must consist of lower case '
-                          "alphanumeric characters or '-', start and end with one, and be at most 63 characters")
-    elif len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
-        raise invalid(resource.kind, resource.group, name, "metadata.name",
-                      f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower case '
-                      "alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character")
+    problems = (validation.dns_label_errors(name) if resource is NAMESPACES
+                else validation.dns_subdomain_errors(name))
+    if problems:
+        raise validation.invalid_object(resource.kind, resource.group, name,
+                                        [validation.invalid_value("metadata.name", name, p) for p in problems])
 
 
 def _default_container(container: Obj) -> None:
@@ -164,49 +156,30 @@ def prepare_create(resource: Resource, obj: Obj) -> None:
         obj["status"] = {"phase": "Active"}
 
 
-def _check_container(kind: str, name: str, path: str, container: Any) -> None:
-    if not isinstance(container, dict):
-        raise invalid(kind, "", name, path, "Invalid value: a container must be an object")
-    if not container.get("name"):
-        raise invalid(kind, "", name, f"{path}.name", "Required value")
-    if not container.get("image"):
-        raise invalid(kind, "", name, f"{path}.image", "Required value")
-
-
-def _validate_pod(obj: Obj, name: str) -> None:
-    spec = obj.get("spec")
-    if not isinstance(spec, dict):
-        raise invalid("Pod", "", name, "spec", "Required value")
-    containers = spec.get("containers")
-    if not isinstance(containers, list) or not containers:
-        raise invalid("Pod", "", name, "spec.containers", "Required value")
-    seen: set[str] = set()
-    for key in ("initContainers", "containers"):
-        for i, container in enumerate(spec.get(key) or []):
-            _check_container("Pod", name, f"spec.{key}[{i}]", container)
-            if container["name"] in seen:
-                raise invalid("Pod", "", name, f"spec.{key}[{i}].name", f'Duplicate value: "{container["name"]}"')
-            seen.add(container["name"])
-
-
-def _validate_string_map(resource: Resource, obj: Obj, name: str, key: str) -> None:
-    value = obj.get(key)
-    if value is None:
-        return
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise invalid(resource.kind, resource.group, name, key, "Invalid value: must map keys to string values")
+def decode(resource: Resource, obj: Obj) -> None:
+    """What decoding the body into Go types does: 400 for a wrong JSON type or a quantity that does not parse,
+    and quantities rewritten in canonical form. ``obj`` is owned by the caller and changed in place."""
+    try:
+        validation.decode_metadata(obj["metadata"])
+        if resource is PODS:
+            validation.decode_pod(obj)
+        elif resource is NODES:
+            validation.decode_node(obj)
+        elif resource is CONFIGMAPS:
+            validation.decode_string_map(obj, "data", "ConfigMap", "data")
+    except validation.DecodeError as exc:
+        raise validation.decode_error(resource.kind, resource.version, exc) from None
 
 
 def validate(resource: Resource, obj: Obj) -> None:
-    """Reject what the real API server would reject for the fields gpushare and its tools use."""
-    meta = obj["metadata"]
-    name = meta["name"]
-    for key in ("labels", "annotations"):
-        _validate_string_map(resource, meta, name, key)
+    """Reject, with every problem at once, what the real API server rejects for the fields gpushare uses."""
+    errors = list(validation.validate_metadata(obj["metadata"]))
     if resource is PODS:
-        _validate_pod(obj, name)
-    elif resource is CONFIGMAPS:
-        _validate_string_map(resource, obj, name, "data")
+        errors.extend(validation.validate_pod_spec(obj.get("spec")))
+    elif resource is NODES:
+        errors.extend(validation.validate_node_resources(obj.get("status")))
+    if errors:
+        raise validation.invalid_object(resource.kind, resource.group, obj["metadata"]["name"], errors)
 
 
 _MUTABLE_POD_SPEC = ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds")

@@ -19,8 +19,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpushare.localcluster import listing
 from gpushare.localcluster import resources as kinds
-from gpushare.localcluster.errors import ApiError, bad_request, method_not_allowed, not_acceptable, qualified
+from gpushare.localcluster.errors import (
+    ApiError,
+    bad_request,
+    method_not_allowed,
+    not_acceptable,
+    qualified,
+    too_large_resource_version,
+)
 from gpushare.localcluster.patch import apply_patch, check_patch_type
 from gpushare.localcluster.resources import NAMESPACES, PODS, Obj, Resource
 from gpushare.localcluster.selectors import Selector, parse_field_selector, parse_label_selector
@@ -41,6 +49,7 @@ JSON = b"application/json"
 DEFAULT_WATCH_TIMEOUT_S = 1800
 BOOKMARK_INTERVAL_S = 5.0
 LINES_PER_CHUNK = 2000
+VERSION_POLL_S = 0.02
 
 
 def _no_such_path() -> ApiError:
@@ -169,6 +178,8 @@ class ApiServer:
                     await self._watch(request, target, receive, send)
                     self._requests.labels(verb, resource_name, "200").inc()
                     return
+                if verb == "list":
+                    await self._wait_for_version(listing.version_floor(request.query))
                 response = self._handle(request, target, verb)
         except ApiError as exc:
             response = _json(exc.code, exc.status())
@@ -274,13 +285,7 @@ class ApiServer:
         if request.accept and "json" not in request.accept and "*/*" not in request.accept:
             raise not_acceptable(request.accept)
         if verb == "list":
-            labels, fields = self._selectors(request, resource)
-            items = store.list_objects(resource, namespace, labels, fields)
-            if request.wants_table and resource in COLUMNS:
-                return self._table(request, resource, items)
-            return Response(200, b'{"kind":"' + resource.list_kind.encode() + b'","apiVersion":"'
-                            + resource.api_version.encode() + b'","metadata":{"resourceVersion":"'
-                            + str(store.version).encode() + b'"},"items":' + orjson.dumps(items) + b"}")
+            return self._list(request, target)
         if verb == "create":
             return _json(201, store.create(resource, namespace, request.json_body()))
         if verb == "deletecollection":
@@ -312,12 +317,41 @@ class ApiServer:
             details["group"] = resource.group
         return _json(200, _success(200, details))
 
-    def _table(self, request: Request, resource: Resource, items: list[Obj]) -> Response:
+    def _list(self, request: Request, target: Target) -> Response:
+        store, resource = self.store, target.resource
+        labels, fields = self._selectors(request, resource)
+        wanted = listing.list_request(request.query, store.oldest_retained(resource))
+        if wanted.at_least > store.version:
+            raise too_large_resource_version(wanted.at_least, store.version)
+        version = store.version if wanted.version is None else wanted.version
+        page = store.list_page(resource, target.namespace, labels, fields, wanted.version, wanted.limit,
+                               wanted.start)
+        meta: Obj = {"resourceVersion": str(version)}
+        if page.last_key is not None:
+            meta["continue"] = listing.encode_continue(version, page.last_key + "\x00")
+            if page.remaining is not None:
+                meta["remainingItemCount"] = page.remaining
+        if request.wants_table and resource in COLUMNS:
+            return self._table(request, resource, page.items, meta)
+        return Response(200, b'{"kind":"' + resource.list_kind.encode() + b'","apiVersion":"'
+                        + resource.api_version.encode() + b'","metadata":' + orjson.dumps(meta) + b',"items":'
+                        + orjson.dumps(page.items) + b"}")
+
+    def _table(self, request: Request, resource: Resource, items: list[Obj], meta: Obj | None = None) -> Response:
         include = request.query.get("includeObject", "Metadata")
         if include not in ("None", "Metadata", "Object"):
             raise bad_request(f'includeObject must be None, Metadata or Object, not "{include}"')
-        return Response(200, orjson.dumps(table(resource, items, str(self.store.version), include)),
-                        TABLE_CONTENT_TYPE)
+        rendered = table(resource, items, str(self.store.version), include)
+        if meta is not None:
+            rendered["metadata"] = meta
+        return Response(200, orjson.dumps(rendered), TABLE_CONTENT_TYPE)
+
+    async def _wait_for_version(self, version: int) -> None:
+        """Give writes in flight up to the watch cache's 3 s to reach ``version``; the caller checks the outcome."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + listing.TOO_LARGE_WAIT_S
+        while self.store.version < version and loop.time() < deadline and not self._closing:
+            await asyncio.sleep(VERSION_POLL_S)
 
     async def _watch(self, request: Request, target: Target, receive: Receive, send: Send) -> None:
         resource = target.resource
@@ -328,10 +362,19 @@ class ApiServer:
         except ValueError:
             raise bad_request(f'timeoutSeconds "{timeout_text}" is not a number of seconds') from None
         bookmarks = request.flag("allowWatchBookmarks")
+        wanted = listing.watch_request(request.query)
+        if wanted.at_least > self.store.version:
+            await self._wait_for_version(wanted.at_least)
+            if wanted.at_least > self.store.version:
+                raise too_large_resource_version(wanted.at_least, self.store.version)
         wake = asyncio.Event()
         render = _table_events(resource) if request.wants_table and resource in COLUMNS else None
-        watcher = self.store.watch(resource, target.namespace, labels, fields,
-                                   request.query.get("resourceVersion", ""), wake.set, render)
+        watcher = self.store.watch(resource, target.namespace, labels, fields, wanted.version, wake.set, render,
+                                   wanted.initial_events)
+        if wanted.initial_events and bookmarks and render is None:
+            end = self.store.bookmark(watcher, initial_events_end=True)
+            if end is not None:
+                watcher.pending.append(end)
         if self._closing:
             watcher.close()
         self._watches.inc()
@@ -369,16 +412,19 @@ class ApiServer:
                 break
             remaining = deadline - loop.time()
             if remaining <= 0:
-                if bookmarks:  # like the API server: the client can resume from here without a relist
-                    await send({"type": "http.response.body", "body": self.store.bookmark(resource),
-                                "more_body": True})
+                # Like the API server: the client can resume from the last bookmark without a relist.
+                last = self.store.bookmark(watcher) if bookmarks else None
+                if last is not None:
+                    await send({"type": "http.response.body", "body": last, "more_body": True})
                 break
             wake.clear()
             try:
                 await asyncio.wait_for(wake.wait(), min(remaining, BOOKMARK_INTERVAL_S))
             except TimeoutError:
                 if bookmarks and not watcher.pending and loop.time() < deadline:
-                    watcher.pending.append(self.store.bookmark(resource))
+                    mark = self.store.bookmark(watcher)
+                    if mark is not None:
+                        watcher.pending.append(mark)
         if not disconnected.is_set():
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 

@@ -14,12 +14,13 @@ its previous content and the new resource version.
 
 from __future__ import annotations
 
+import bisect
 import random
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -44,6 +45,7 @@ Key = tuple[str, str]
 INDEXED_FIELDS = ("spec.nodeName", "metadata.name")
 # A watcher that falls this far behind is closed; its client watches again (and relists if it must).
 MAX_PENDING_EVENTS = 200_000
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 _GENERATED_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 
 
@@ -103,6 +105,7 @@ class Watcher:
         self.wake = wake
         self.pending: list[bytes] = []
         self.closed = False
+        self.since = 0
         self.index_key = next(((f, v) for f in INDEXED_FIELDS if (v := fields.equals(f)) is not None), None)
 
     def matches(self, obj: Obj) -> bool:
@@ -114,6 +117,8 @@ class Watcher:
         return not self.fields or self.fields.matches(lambda f: self.resource.fields[f](obj))
 
     def offer(self, change: Change) -> None:
+        if change.version <= self.since:  # a watch from a version still to come starts when it arrives
+            return
         now = change.type != "DELETED" and self.matches(change.obj)
         before = self.matches(change.prev if change.prev is not None else change.obj) if (
             change.type != "ADDED") else False
@@ -187,7 +192,18 @@ class Collection:
                     del self.indexed[watcher.index_key]
 
 
-def _parse_version(text: str) -> int:
+class Page(NamedTuple):
+    items: list[Obj]
+    last_key: str | None  # the storage key of the last item, when more may follow
+    remaining: int | None  # how many objects follow, when the list has no selector
+
+
+def _storage_key(key: Key) -> str:
+    """How etcd orders a kind's objects: by ``namespace/name`` (or ``name``), byte by byte."""
+    return f"{key[0]}/{key[1]}" if key[0] else key[1]
+
+
+def parse_version(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -217,9 +233,54 @@ class Store:
         return obj
 
     def list_objects(self, resource: Resource, namespace: str | None, labels: Selector, fields: Selector) -> list[Obj]:
+        return self.list_page(resource, namespace, labels, fields).items
+
+    def list_page(self, resource: Resource, namespace: str | None, labels: Selector, fields: Selector,
+                  version: int | None = None, limit: int = 0, start: str = "") -> Page:
+        """Matching objects in storage-key order (``namespace/name``), as of ``version`` (None: the latest).
+
+        With a ``limit``, at most that many, from the storage key ``start`` on; the page says where the next
+        one starts and, without selectors, how many objects remain (as etcd's paged lists do).
+        """
         probe = Watcher(resource, namespace, labels, fields, lambda: None)
-        objects = self._collections[resource].objects
-        return [objects[k] for k in sorted(k for k, obj in objects.items() if probe.matches(obj))]
+        objects = self._collections[resource].objects if version is None else self._snapshot(resource, version)
+        keys = sorted(_storage_key(k) for k in objects if namespace is None or k[0] == namespace)
+        if start:
+            keys = keys[bisect.bisect_left(keys, start):]
+        by_key = {_storage_key(k): obj for k, obj in objects.items()}
+        items: list[Obj] = []
+        for i, key in enumerate(keys):
+            obj = by_key[key]
+            if probe.matches(obj):
+                items.append(obj)
+                if limit and len(items) == limit:
+                    rest = len(keys) - i - 1
+                    if rest:
+                        return Page(items, key, None if labels or fields else rest)
+                    break
+        return Page(items, None, None)
+
+    def _snapshot(self, resource: Resource, version: int) -> dict[Key, Obj]:
+        """The objects of a kind as they were at ``version``, rebuilt by undoing the changes made since."""
+        collection = self._collections[resource]
+        if version < collection.history_start:
+            raise expired("The resourceVersion for the provided list is too old.")
+        objects = dict(collection.objects)
+        for change in reversed(collection.history):
+            if change.version <= version:
+                break
+            meta = change.obj["metadata"]
+            key = (meta.get("namespace", ""), meta["name"])
+            if change.type == "ADDED":
+                del objects[key]
+            else:
+                assert change.prev is not None
+                objects[key] = change.prev
+        return objects
+
+    def oldest_retained(self, resource: Resource) -> int:
+        """The oldest version the kind's history can rebuild a snapshot at (or a watch resume from)."""
+        return self._collections[resource].history_start
 
     def count(self, resource: Resource) -> int:
         return len(self._collections[resource].objects)
@@ -287,6 +348,7 @@ class Store:
         else:
             meta.pop("namespace", None)
         obj = {**body, "apiVersion": resource.api_version, "kind": resource.kind, "metadata": meta}
+        kinds.decode(resource, obj)
         kinds.apply_defaults(resource, obj)
         kinds.prepare_create(resource, obj)
         kinds.validate(resource, obj)
@@ -315,6 +377,7 @@ class Store:
             else:
                 meta.pop(system, None)
         new = {**body, "apiVersion": resource.api_version, "kind": resource.kind, "metadata": meta}
+        kinds.decode(resource, new)
         kinds.apply_defaults(resource, new)
         self._keep_other_half(resource, old, new, subresource)
         kinds.validate(resource, new)
@@ -369,8 +432,9 @@ class Store:
             for collection in self._collections.values():
                 if collection.resource.namespaced:
                     for contained in [k for k in collection.objects if k[0] == name]:
-                        self._commit(collection.resource, "DELETED", collection.objects[contained], None)
-        return self._commit(resource, "DELETED", old, None)
+                        gone = collection.objects[contained]
+                        self._commit(collection.resource, "DELETED", gone, gone)
+        return self._commit(resource, "DELETED", old, old)
 
     def delete_collection(self, resource: Resource, namespace: str | None, labels: Selector,
                           fields: Selector) -> list[Obj]:
@@ -423,23 +487,27 @@ class Store:
     # -- watches -----------------------------------------------------------------------------------------------
 
     def watch(self, resource: Resource, namespace: str | None, labels: Selector, fields: Selector,
-              version: str, wake: Callable[[], None], render: Render | None = None) -> Watcher:
+              version: str, wake: Callable[[], None], render: Render | None = None,
+              initial_events: bool | None = None) -> Watcher:
         """Open a watch; its first events are queued already (current objects, or the changes since ``version``).
 
-        ``render`` turns an event into its line when the client wants something other than the object itself.
+        ``initial_events`` is the request's ``sendInitialEvents``: True sends the current objects first, False
+        only changes; None keeps the older rule (current objects for version "" or "0"). ``render`` turns an
+        event into its line when the client wants something other than the object itself.
         """
         watcher = Watcher(resource, namespace, labels, fields, wake, render)
         collection = self._collections[resource]
-        if version in ("", "0"):
+        if initial_events or (initial_events is None and version in ("", "0")):
             for obj in self.list_objects(resource, namespace, labels, fields):
                 watcher.pending.append((render or event_line)("ADDED", obj))
-        else:
-            since = _parse_version(version)
+        elif version not in ("", "0") and not initial_events:
+            since = parse_version(version)
             if since < collection.history_start:
                 error = expired(f"too old resource version: {since} ({collection.history_start})")
                 watcher.pending.append(orjson.dumps({"type": "ERROR", "object": error.status()}) + b"\n")
                 watcher.closed = True
                 return watcher
+            watcher.since = since
             missed: list[Change] = []
             for change in reversed(collection.history):
                 if change.version <= since:
@@ -458,8 +526,16 @@ class Store:
             for watcher in list(collection.watchers):
                 watcher.close()
 
-    def bookmark(self, resource: Resource) -> bytes:
-        marker = {"kind": resource.kind, "apiVersion": resource.api_version,
-                  "metadata": {"resourceVersion": str(self.version)}}
-        return orjson.dumps({"type": "BOOKMARK", "object": marker}) + b"\n"
+    def bookmark(self, watcher: Watcher, initial_events_end: bool = False) -> bytes | None:
+        """A BOOKMARK at the current version, or None while a watch waits for a version still to come.
 
+        The one closing the initial events of a ``sendInitialEvents`` watch carries the annotation
+        ``k8s.io/initial-events-end: "true"``, which is how clients know the initial state is complete.
+        """
+        if self.version < watcher.since:
+            return None
+        meta: Obj = {"resourceVersion": str(self.version)}
+        if initial_events_end:
+            meta["annotations"] = {INITIAL_EVENTS_END: "true"}
+        marker = {"kind": watcher.resource.kind, "apiVersion": watcher.resource.api_version, "metadata": meta}
+        return orjson.dumps({"type": "BOOKMARK", "object": marker}) + b"\n"
