@@ -34,13 +34,13 @@ from deviceplugin.service import device_list
 from deviceplugin.simulated import SimulatedBackend
 from gpushare.clusterspec import ClusterSpec
 from gpushare.contract import RESOURCE_GPU_MEM, MemoryUnit, new_assignment, parse_request
+from gpushare.kube.api import MERGE_PATCH, Kube
 from gpushare.kube.convert import pod_info
 from gpushare.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from gpushare.kubeletapi import deviceplugin_v1beta1_pb2_grpc as rpc
 from gpushare.localcluster import LocalCluster
 
 NODE = "bench-node"
-MERGE_PATCH = "application/merge-patch+json"
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -89,7 +89,7 @@ def bench_allocate(args: argparse.Namespace) -> list[list[object]]:
         plugin = DevicePlugin(PluginConfig(NODE, plugin_dir=directory, pod_resources_socket=directory / "none.sock",
                                            reconcile_s=3600, usage_s=3600, metrics_address="127.0.0.1",
                                            metrics_port=0),
-                              SimulatedBackend(spec.node(NODE)), cluster.api_client())
+                              SimulatedBackend(spec.node(NODE)), Kube.from_api_client(cluster.api_client()))
         plugin.start()
         try:
             if not plugin.cache.wait_synced(30):

@@ -78,15 +78,14 @@ def populate(core: Any, nodes: int) -> int:
 def serve_extender(kubeconfig: str) -> None:
     """Child process: the production app plus the echo floor, on an ephemeral port printed to stdout."""
     import uvicorn
-    from kubernetes import config as kube_config
 
     from extender.app import create_app
     from extender.config import ExtenderConfig
+    from gpushare.kube.client import connect
     from gpushare.logs import configure_logging
 
     configure_logging("WARNING")
-    api_client = kube_config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-    app = create_app(ExtenderConfig(), api_client)
+    app = create_app(ExtenderConfig(), connect(kubeconfig))
 
     @app.post("/echo")
     async def echo(request: Request) -> Response:

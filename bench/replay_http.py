@@ -51,6 +51,7 @@ from gpushare.contract import (
     read_assignment,
     unit_annotation,
 )
+from gpushare.kube.api import MERGE_PATCH
 from gpushare.kube.convert import pod_info
 from gpushare.localcluster import LocalCluster
 from gpushare.localcluster.scheduler import SchedulerLoop
@@ -61,7 +62,6 @@ UNIT = MemoryUnit.MiB
 IMAGE = "registry.local/openb-task:1"
 START_TIMEOUT_S = 60.0
 EXTENDER_STOP_TIMEOUT_S = 15.0
-MERGE_PATCH = "application/merge-patch+json"
 
 
 @dataclass(frozen=True, slots=True)

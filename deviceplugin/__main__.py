@@ -10,13 +10,12 @@ import sys
 import threading
 from pathlib import Path
 
-from kubernetes import client, config
-
 from deviceplugin.gpus import GPUBackend
 from deviceplugin.isolation import Isolation, IsolationConfig
 from deviceplugin.plugin import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET, DevicePlugin, PluginConfig
 from gpushare.clusterspec import ClusterSpecError, load_cluster_spec
 from gpushare.contract import MemoryUnit
+from gpushare.kube.client import KubeConfigError, connect
 from gpushare.logs import LEVELS, configure_logging
 
 
@@ -24,7 +23,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpushare-device-plugin", description=__doc__)
     p.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
                    help="this node's name (default: $NODE_NAME)")
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, else ~/.kube/config)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else the pod's "
+                                        "service account)")
+    p.add_argument("--context", help="kubeconfig context to use (default: its current-context)")
     p.add_argument("--backend", choices=("nvml", "simulated"), default="nvml",
                    help="where GPUs come from: the NVIDIA driver, or a cluster description (--cluster)")
     p.add_argument("--cluster", type=Path, help="cluster description YAML for --backend simulated")
@@ -73,18 +74,14 @@ def make_backend(args: argparse.Namespace, node_name: str) -> GPUBackend:
     return SimulatedBackend(node, args.simulate_control)
 
 
-def api_client(kubeconfig: str | None) -> client.ApiClient:
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    else:
-        config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-    return client.ApiClient()
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     if not args.node_name:
         raise SystemExit("Set --node-name or NODE_NAME (in a DaemonSet: valueFrom fieldRef spec.nodeName).")
+    try:
+        kube = connect(args.kubeconfig, args.context)
+    except KubeConfigError as exc:
+        raise SystemExit(str(exc)) from None
     backend = make_backend(args, args.node_name)
     configure_logging(args.log_level)
     # watchfiles logs every folder change at INFO; the plugin logs the ones that matter itself.
@@ -96,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         isolation=IsolationConfig(Isolation(args.isolation), args.hami_library, args.hami_preload, args.mps_pipe_dir),
         health_recovery_s=args.health_recovery_seconds, reconcile_s=args.reconcile_seconds,
         usage_s=args.usage_seconds, metrics_address=args.metrics_address, metrics_port=args.metrics_port)
-    plugin = DevicePlugin(plugin_config, backend, api_client(args.kubeconfig))
+    plugin = DevicePlugin(plugin_config, backend, kube)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())

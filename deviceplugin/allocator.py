@@ -15,14 +15,10 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 
-from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import HTTPError
-
 from deviceplugin.devices import gpus_of, uuid_of
 from deviceplugin.gpus import GPUDevice
 from deviceplugin.inventory import Inventory
 from deviceplugin.isolation import ContainerGrant, IsolationConfig, Mount, container_environment
-from deviceplugin.kubeapi import Conflict, Gone, PodWriter
 from deviceplugin.matching import (
     Match,
     NoPendingPod,
@@ -34,6 +30,7 @@ from deviceplugin.matching import (
 )
 from deviceplugin.podcache import PodCache
 from gpushare.contract import Assignment
+from gpushare.kube.api import Conflict, KubeError, NotFound, Pods
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +49,9 @@ class UnknownDevices(AllocationError):
 
 
 class Allocator:
-    def __init__(self, cache: PodCache, writer: PodWriter, inventory: Inventory,
-                 isolation: IsolationConfig) -> None:
+    def __init__(self, cache: PodCache, pods: Pods, inventory: Inventory, isolation: IsolationConfig) -> None:
         self._cache = cache
-        self._writer = writer
+        self._pods = pods
         self._inventory = inventory
         self._isolation = isolation
         self._lock = threading.Lock()
@@ -73,7 +69,7 @@ class Allocator:
         with self._lock:
             waiting = waiting_pods(self._cache.pods(), self._served, self._decided)
             if not any(w.next_container(size) for w in waiting):
-                with contextlib.suppress(ApiException, HTTPError):
+                with contextlib.suppress(KubeError):
                     self._cache.refresh()  # the watch may not have shown the extender's bind yet
                     waiting = waiting_pods(self._cache.pods(), self._served, self._decided)
         return preferred_devices(waiting, size, available, must_include, gpu_of)
@@ -89,10 +85,9 @@ class Allocator:
         with self._lock:
             try:
                 return self._allocate(device_ids, device_gpus)
-            except (ApiException, HTTPError) as exc:
-                raise AllocationError(
-                    f"Node {self._cache.node_name}'s device plugin cannot reach the API server to record the "
-                    f"allocation ({getattr(exc, 'reason', exc)}); the kubelet will retry the pod.") from None
+            except KubeError as exc:
+                raise AllocationError(f"Node {self._cache.node_name}'s device plugin could not record the "
+                                      f"allocation, and the kubelet will retry the pod: {exc}") from None
 
     def _allocate(self, device_ids: Sequence[str], device_gpus: Counter[int]) -> tuple[dict[str, str], list[Mount]]:
         refreshed = False
@@ -125,15 +120,14 @@ class Allocator:
         pod = match.waiting.pod
         annotations = self._annotations(match)
         try:
-            updated = self._writer.annotate(pod.namespace, pod.name, pod.resource_version, annotations)
+            updated = self._pods.annotate(pod.namespace, pod.name, pod.resource_version, annotations)
         except Conflict:
-            fresh = self._writer.read(pod.namespace, pod.name)
-            if fresh is None:
+            try:
+                self._cache.apply(self._pods.read(pod.namespace, pod.name))
+            except NotFound:
                 self._cache.forget(pod.key)
-            else:
-                self._cache.apply(fresh)
             return False
-        except Gone:
+        except NotFound:
             self._cache.forget(pod.key)
             return False
         self._cache.apply(updated)

@@ -7,24 +7,23 @@ import threading
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import grpc
-from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from deviceplugin.allocator import Allocator
 from deviceplugin.gpus import GPUBackend
 from deviceplugin.inventory import Inventory
 from deviceplugin.isolation import IsolationConfig
-from deviceplugin.kubeapi import NodePublisher, PodWriter
 from deviceplugin.metrics import GPUCollector, PluginMetrics, StatusServer
 from deviceplugin.podcache import PodCache
+from deviceplugin.publisher import NodePublisher
 from deviceplugin.reconcile import Reconciler
 from deviceplugin.registration import Registrar
 from deviceplugin.service import OPTIONS, DevicePluginService, device_list
 from deviceplugin.usage import find_overuse
 from gpushare.contract import RESOURCE_GPU_MEM, MemoryUnit
+from gpushare.kube.api import Kube
 from gpushare.kubeletapi import deviceplugin_v1beta1_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
@@ -53,24 +52,22 @@ class PluginConfig:
 
 
 class DevicePlugin:
-    def __init__(self, config: PluginConfig, backend: GPUBackend, api_client: Any) -> None:
+    def __init__(self, config: PluginConfig, backend: GPUBackend, kube: Kube) -> None:
         self.config = config
         self._backend = backend
-        core = client.CoreV1Api(api_client)
         self.inventory = Inventory(backend.discover(), config.unit, config.health_recovery_s)
         self._stopping = threading.Event()
         self.registry = CollectorRegistry()
         self.metrics = PluginMetrics(self.registry)
-        self.cache = PodCache(core, config.node_name)
-        self._writer = PodWriter(core)
-        self.allocator = Allocator(self.cache, self._writer, self.inventory, config.isolation)
+        self.cache = PodCache(kube.pods, config.node_name)
+        self.allocator = Allocator(self.cache, kube.pods, self.inventory, config.isolation)
         self.registry.register(GPUCollector(self.inventory, self.cache.pods))
-        self.publisher = NodePublisher(core, config.node_name, self.inventory)
+        self.publisher = NodePublisher(kube.nodes, config.node_name, self.inventory)
         self._service = DevicePluginService(self.inventory, self.allocator, self.metrics, self._stopping)
         self._server: grpc.Server | None = None
         self._server_lock = threading.Lock()
         self.registrar = Registrar(config.plugin_dir, SOCKET_NAME, RESOURCE_GPU_MEM, OPTIONS, self._restart_server)
-        self.reconciler = Reconciler(config.pod_resources_socket, self.cache, self._writer, self.inventory,
+        self.reconciler = Reconciler(config.pod_resources_socket, self.cache, kube.pods, self.inventory,
                                      self.allocator.handed_out, config.reconcile_s, self.metrics.corrections)
         self.status = StatusServer(self.registry, healthy=self._healthy, ready=self.ready,
                                    address=config.metrics_address, port=config.metrics_port)

@@ -6,14 +6,12 @@ server's reply, and an event older than what the cache holds is ignored, so a la
 
 from __future__ import annotations
 
-import json
 import threading
-from typing import Any
 
-from deviceplugin.kubeapi import API_TIMEOUT_S
 from gpushare.contract import PodInfo
+from gpushare.kube.api import Obj, Pods
 from gpushare.kube.convert import pod_info
-from gpushare.kube.informer import Informer, Obj
+from gpushare.kube.informer import Informer
 
 
 def _version(obj: Obj) -> int | None:
@@ -27,13 +25,13 @@ def _key(obj: Obj) -> str:
 
 
 class PodCache:
-    def __init__(self, core_api: Any, node_name: str) -> None:
-        self._core = core_api
+    def __init__(self, pods: Pods, node_name: str) -> None:
+        self._api = pods
         self.node_name = node_name
         self._selector = f"spec.nodeName={node_name}"
         self._lock = threading.Lock()
         self._pods: dict[str, tuple[Obj, PodInfo]] = {}
-        self._informer = Informer(core_api.list_pod_for_all_namespaces, on_sync=self._replace,
+        self._informer = Informer(pods.list_call, on_sync=self._replace,
                                   on_event=self._event, kind="pods", field_selector=self._selector)
 
     def start(self) -> None:
@@ -65,9 +63,7 @@ class PodCache:
 
     def refresh(self) -> None:
         """List the node's pods now: Allocate does this once when the watch has not shown a bind yet."""
-        response = self._core.list_pod_for_all_namespaces(field_selector=self._selector, _preload_content=False,
-                                                          _request_timeout=API_TIMEOUT_S)
-        self._replace(list(json.loads(response.data).get("items") or []))
+        self._replace(self._api.list(field_selector=self._selector))
 
     def apply(self, obj: Obj) -> None:
         """Take in a pod the plugin just wrote (or re-read)."""

@@ -19,10 +19,10 @@ from prometheus_client import Counter
 from deviceplugin.allocator import moved_to
 from deviceplugin.devices import gpus_of
 from deviceplugin.inventory import Inventory
-from deviceplugin.kubeapi import Conflict, Gone, PodWriter
 from deviceplugin.matching import placement_from_devices
 from deviceplugin.podcache import PodCache
 from gpushare.contract import RESOURCE_GPU_MEM, Assignment, PodInfo, read_assignment
+from gpushare.kube.api import Conflict, NotFound, Pods
 from gpushare.kubeletapi import podresources_v1_pb2 as podresources
 from gpushare.kubeletapi import podresources_v1_pb2_grpc as podresources_rpc
 
@@ -32,12 +32,12 @@ LIST_TIMEOUT_S = 10.0
 
 
 class Reconciler:
-    def __init__(self, socket_path: Path, cache: PodCache, writer: PodWriter, inventory: Inventory,
+    def __init__(self, socket_path: Path, cache: PodCache, pods: Pods, inventory: Inventory,
                  handed_out: Callable[[frozenset[str]], tuple[int, ...] | None], interval_s: float,
                  corrections: Counter) -> None:
         self._socket = socket_path
         self._cache = cache
-        self._writer = writer
+        self._pods = pods
         self._inventory = inventory
         self._handed_out = handed_out
         self._interval_s = interval_s
@@ -116,9 +116,9 @@ class Reconciler:
     def _correct(self, pod: PodInfo, assignment: Assignment, truth: tuple[int, ...]) -> bool:
         recorded = assignment.gpu_indices
         try:
-            updated = self._writer.annotate(pod.namespace, pod.name, pod.resource_version,
-                                            moved_to(assignment, self._inventory, truth).annotations())
-        except (Conflict, Gone):
+            updated = self._pods.annotate(pod.namespace, pod.name, pod.resource_version,
+                                          moved_to(assignment, self._inventory, truth).annotations())
+        except (Conflict, NotFound):
             return False  # the next pass sees the pod as it is now
         self._cache.apply(updated)
         log.warning("Pod %s runs on GPU(s) %s according to the kubelet, but its annotations said %s; corrected "

@@ -10,11 +10,10 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request, Response
-from kubernetes import client
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from extender.binder import Binder, BindHooks
+from extender.binder import Binder
 from extender.config import ExtenderConfig
 from extender.forward import FORWARDED_BY_HEADER, BindForwarder
 from extender.inspect import inspect_nodes
@@ -25,6 +24,7 @@ from extender.verbs import Verbs
 from extender.wire import BadRequest, parse_binding_args, parse_extender_args
 from gpushare import __version__
 from gpushare.cache.state import ClusterCache
+from gpushare.kube.api import Kube
 from gpushare.kube.watch import ClusterWatch
 from gpushare.policies.workload import load_workload
 
@@ -47,21 +47,20 @@ async def _freeze_when_synced(watch: ClusterWatch) -> None:
     gc.freeze()
 
 
-def create_app(config: ExtenderConfig, api_client: Any, hooks: BindHooks | None = None) -> FastAPI:
-    """Build the extender around a ``kubernetes.client.ApiClient``; the watch starts with the app."""
-    core = client.CoreV1Api(api_client)
+def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
+    """Build the extender around one API server's ``Kube``; the watch starts with the app."""
     cache = ClusterCache(config.unit)
-    watch = ClusterWatch(core, cache)
+    watch = ClusterWatch(kube.nodes.list_call, kube.pods.list_call, cache)
     book = PolicyBook(config.policy, load_workload(config.workload_seed) if config.workload_seed else None)
     requests = RequestCache()
     verbs = Verbs(cache, book, requests, config.tie_seed)
-    binder = Binder(core, cache, book, requests, hooks)
+    binder = Binder(kube.pods, cache, book, requests)
     elector: LeaderElector | None = None
     forwarder: BindForwarder | None = None
     if config.leader is not None:
         # A replica contends only once its cache holds the whole cluster, so a new leader never binds from an
         # empty cache; the previous leader's placements are in pod annotations, written before each Binding.
-        elector = LeaderElector(client.CoordinationV1Api(api_client), config.leader, lambda: watch.synced)
+        elector = LeaderElector(kube.leases, config.leader, lambda: watch.synced)
         forwarder = BindForwarder(config.leader.identity, config.peer_ca)
     metrics = ExtenderMetrics(cache, lambda: elector is None or elector.is_leader)
 

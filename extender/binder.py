@@ -11,27 +11,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import orjson
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from extender.placement import PolicyBook, RequestCache
 from extender.wire import BindingArgs
 from gpushare.cache.state import ClusterCache, Reservation, ReservationError
 from gpushare.contract import PodInfo, PodRequest, RequestError, new_assignment
+from gpushare.kube.api import Conflict, KubeError, NotFound, Pods
 from gpushare.kube.convert import pod_info
-from gpushare.kube.events import record_pod_event
 from gpushare.model import Node
 
 log = logging.getLogger(__name__)
 
-MERGE_PATCH = "application/merge-patch+json"
 MAX_ATTEMPTS = 5
-API_TIMEOUT_S = 10
 COMPONENT = "gpushare-extender"
 
 
@@ -42,7 +34,7 @@ class BindOutcome:
     gpus: tuple[int, ...] = ()
 
 
-class _Conflict(Exception):
+class _Changed(Exception):
     """The pod changed between read and patch; read it again and decide again."""
 
 
@@ -50,56 +42,39 @@ class _Failed(Exception):
     """The bind cannot succeed; the text is the user's explanation."""
 
 
-def api_message(exc: ApiException) -> str:
-    """The API server's own explanation from an error response, else its status line."""
-    try:
-        message = orjson.loads(exc.body or b"{}").get("message")
-    except (orjson.JSONDecodeError, AttributeError):
-        message = None
-    return str(message or f"HTTP {exc.status} {exc.reason}")
-
-
-@dataclass(frozen=True)
-class BindHooks:
-    """Calls into a bind in progress, where tests stage the changes that race with it in a real cluster."""
-
-    after_read: Callable[[PodInfo], None] | None = None
-    before_binding: Callable[[PodInfo], None] | None = None
-
-
 class Binder:
-    def __init__(self, core_api: Any, cache: ClusterCache, book: PolicyBook, requests: RequestCache,
-                 hooks: BindHooks | None = None) -> None:
-        self._core = core_api
+    def __init__(self, pods: Pods, cache: ClusterCache, book: PolicyBook, requests: RequestCache) -> None:
+        self._pods = pods
         self._cache = cache
         self._book = book
         self._requests = requests
-        self._hooks = hooks or BindHooks()
 
     def bind(self, args: BindingArgs) -> BindOutcome:
         conflicts = 0
         for _ in range(MAX_ATTEMPTS):
             try:
                 gpus = self._attempt(args)
-            except _Conflict:
+            except _Changed:
                 conflicts += 1
                 continue
             except Exception as exc:  # every failure becomes the answer's Error, never a 500
-                if not isinstance(exc, _Failed | RequestError):
+                if not isinstance(exc, _Failed | RequestError | KubeError):
                     log.exception("unexpected failure while binding", extra={"node": args.node})
                 message = f"gpushare could not bind pod {args.pod_namespace}/{args.pod_name} to node {args.node}: {exc}"
                 log.warning(message, extra={"pod": f"{args.pod_namespace}/{args.pod_name}", "node": args.node})
-                record_pod_event(self._core, args.pod_namespace, args.pod_name, args.pod_uid, "GPUShareBindFailed",
-                                 message, COMPONENT)
+                self._record_failure(args, message)
                 return BindOutcome(error=message, conflicts=conflicts)
             log.info("bound pod", extra={"pod": f"{args.pod_namespace}/{args.pod_name}", "node": args.node,
                                          "gpus": list(gpus), "conflicts": conflicts})
             return BindOutcome(conflicts=conflicts, gpus=gpus)
         message = (f"gpushare could not bind pod {args.pod_namespace}/{args.pod_name} to node {args.node}: the pod "
                    f"changed {MAX_ATTEMPTS} times while it was being bound; kube-scheduler will try again.")
-        record_pod_event(self._core, args.pod_namespace, args.pod_name, args.pod_uid, "GPUShareBindFailed",
-                         message, COMPONENT)
+        self._record_failure(args, message)
         return BindOutcome(error=message, conflicts=conflicts)
+
+    def _record_failure(self, args: BindingArgs, message: str) -> None:
+        self._pods.record_event(args.pod_namespace, args.pod_name, args.pod_uid, reason="GPUShareBindFailed",
+                                message=message, component=COMPONENT)
 
     def _attempt(self, args: BindingArgs) -> tuple[int, ...]:
         pod = self._read(args)
@@ -110,17 +85,13 @@ class Binder:
         if not pod.is_active:
             raise _Failed("the pod is terminating or has finished")
         request = self._requests.request(pod)
-        if self._hooks.after_read is not None:
-            self._hooks.after_read(pod)
         # A pod without GPUs is reserved too (CPU and memory only, no annotations), so that the next
         # decision already sees it.
         reservation = self._reserve(pod, request, args.node)
         try:
             written = self._annotate(pod, request, reservation) if request.gpu_count else {}
             try:
-                if self._hooks.before_binding is not None:
-                    self._hooks.before_binding(pod)
-                self._create_binding(args)
+                self._pods.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
             except Exception:
                 if written:
                     self._unannotate(pod, written)
@@ -132,13 +103,9 @@ class Binder:
 
     def _read(self, args: BindingArgs) -> PodInfo:
         try:
-            response = self._core.read_namespaced_pod(args.pod_name, args.pod_namespace, _preload_content=False,
-                                                      _request_timeout=API_TIMEOUT_S)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise _Failed("the pod no longer exists") from None
-            raise _Failed(f"reading the pod failed: {api_message(exc)}") from None
-        pod = pod_info(orjson.loads(response.data))
+            pod = pod_info(self._pods.read(args.pod_namespace, args.pod_name))
+        except NotFound:
+            raise _Failed("the pod no longer exists") from None
         if args.pod_uid and pod.uid != args.pod_uid:
             raise _Failed(f"the pod was deleted and recreated (UID {pod.uid}, the scheduler asked for "
                           f"{args.pod_uid})")
@@ -163,33 +130,15 @@ class Binder:
         assignment = new_assignment(request, reservation.placement.gpu_indices, reservation.gpu_totals[0],
                                     reservation.unit, time.time_ns())
         annotations = assignment.annotations()
-        body = {"metadata": {"resourceVersion": pod.resource_version, "annotations": annotations}}
         try:
-            self._core.patch_namespaced_pod(pod.name, pod.namespace, body, _content_type=MERGE_PATCH,
-                                            _preload_content=False, _request_timeout=API_TIMEOUT_S)
-        except ApiException as exc:
-            if exc.status == 409:
-                raise _Conflict from None
-            raise _Failed(f"writing the GPU annotations failed: {api_message(exc)}") from None
+            self._pods.annotate(pod.namespace, pod.name, pod.resource_version, annotations)
+        except Conflict:
+            raise _Changed from None
         return annotations
 
     def _unannotate(self, pod: PodInfo, annotations: dict[str, str]) -> None:
-        body = {"metadata": {"annotations": dict.fromkeys(annotations)}}
         try:
-            self._core.patch_namespaced_pod(pod.name, pod.namespace, body, _content_type=MERGE_PATCH,
-                                            _preload_content=False, _request_timeout=API_TIMEOUT_S)
-        except Exception as exc:  # the bind's own error is the one to report
-            detail = api_message(exc) if isinstance(exc, ApiException) else str(exc)
+            self._pods.annotate(pod.namespace, pod.name, None, dict.fromkeys(annotations))
+        except KubeError as exc:  # the bind's own error is the one to report
             log.error("could not remove the GPU annotations of a pod whose bind failed; the next bind "
-                      "overwrites them: %s", detail, extra={"pod": pod.key})
-
-    def _create_binding(self, args: BindingArgs) -> None:
-        body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=args.pod_name, namespace=args.pod_namespace, uid=args.pod_uid or None),
-            target=client.V1ObjectReference(api_version="v1", kind="Node", name=args.node))
-        try:
-            # Raw response: the client's model for Binding fails to deserialize some servers' answers.
-            self._core.create_namespaced_binding(args.pod_namespace, body, _preload_content=False,
-                                                 _request_timeout=API_TIMEOUT_S)
-        except ApiException as exc:
-            raise _Failed(f"creating the Binding failed: {api_message(exc)}") from None
+                      "overwrites them: %s", exc, extra={"pod": pod.key})

@@ -33,6 +33,7 @@ class ExtenderConfig:
     policy: str = DEFAULT_POLICY
     tie_seed: int = 0
     kubeconfig: Path | None = None
+    context: str | None = None  # a context of the kubeconfig; None: its current-context
     leader: LeaseSettings | None = None  # None: a single replica, which binds itself
     peer_ca: Path | None = None
     workload_seed: Path | None = None  # a seed file for the learning policies' workload distribution
@@ -56,7 +57,9 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"placement policy for pods that do not name one (default {DEFAULT_POLICY})")
     parser.add_argument("--tie-seed", type=int, default=0, help="seed that breaks ties between equal nodes")
     parser.add_argument("--kubeconfig", type=Path, default=None,
-                        help="kubeconfig file (default: in-cluster config, else $KUBECONFIG or ~/.kube/config)")
+                        help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else the pod's service "
+                             "account)")
+    parser.add_argument("--context", default=None, help="kubeconfig context to use (default: its current-context)")
     parser.add_argument("--workload-seed", type=Path, default=None,
                         help="YAML or JSON file of task shapes and weights (weights count as pods) that the "
                              "learning policies (fgd, fgd-lookahead) start from; see docs/policies.md")
@@ -138,7 +141,8 @@ def parse_config(argv: Sequence[str] | None = None) -> ExtenderConfig:
         _check_workload_seed(args.workload_seed)
     return ExtenderConfig(host=args.host, port=port, tls_cert=args.tls_cert, tls_key=args.tls_key,
                           unit=MemoryUnit(args.unit), log_level=args.log_level, policy=args.policy,
-                          tie_seed=args.tie_seed, kubeconfig=args.kubeconfig, leader=_lease_settings(args, port),
+                          tie_seed=args.tie_seed, kubeconfig=args.kubeconfig, context=args.context,
+                          leader=_lease_settings(args, port),
                           peer_ca=args.peer_ca, workload_seed=args.workload_seed)
 
 

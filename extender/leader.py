@@ -19,10 +19,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-import orjson
-from kubernetes.client.exceptions import ApiException
+from gpushare.kube.api import Conflict, Leases, NotFound, Obj
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +60,14 @@ def _micro_time() -> str:
 class LeaderElector:
     """Contends for the Lease on a background thread; ``is_leader`` may be read from any thread.
 
-    ``coordination_api`` is a ``kubernetes.client.CoordinationV1Api``. The elector contends once ``can_lead``
+    The elector contends once ``can_lead``
     is true: the extender passes "my cache has finished its first list", so a new leader never binds from an
     empty cache.
     """
 
-    def __init__(self, coordination_api: Any, settings: LeaseSettings,
-                 can_lead: Callable[[], bool]) -> None:
+    def __init__(self, leases: Leases, settings: LeaseSettings, can_lead: Callable[[], bool]) -> None:
         self.settings = settings
-        self._api = coordination_api
+        self._leases = leases
         self._can_lead = can_lead
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -136,19 +133,13 @@ class LeaderElector:
             return
         self._write(lease, started)
 
-    def _read(self) -> dict[str, Any] | None:
+    def _read(self) -> Obj | None:
         try:
-            response = self._api.read_namespaced_lease(self.settings.name, self.settings.namespace,
-                                                       _preload_content=False,
-                                                       _request_timeout=self._request_timeout_s)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        lease: dict[str, Any] = orjson.loads(response.data)
-        return lease
+            return self._leases.read(self.settings.namespace, self.settings.name, timeout_s=self._request_timeout_s)
+        except NotFound:
+            return None
 
-    def _leader_spec(self, now: str) -> dict[str, Any]:
+    def _leader_spec(self, now: str) -> Obj:
         return {"holderIdentity": self.settings.identity, "leaseDurationSeconds": self.settings.duration_s,
                 "acquireTime": now, "renewTime": now}
 
@@ -159,15 +150,12 @@ class LeaderElector:
                              "annotations": {LEADER_URL_ANNOTATION: self.settings.advertise_url}},
                 "spec": {**self._leader_spec(now), "leaseTransitions": 0}}
         try:
-            self._api.create_namespaced_lease(self.settings.namespace, body, _preload_content=False,
-                                              _request_timeout=self._request_timeout_s)
-        except ApiException as exc:
-            if exc.status == 409:  # another replica created it first; it leads
-                return
-            raise
+            self._leases.create(self.settings.namespace, body, timeout_s=self._request_timeout_s)
+        except Conflict:  # another replica created it first; it leads
+            return
         self._lead(started)
 
-    def _write(self, lease: dict[str, Any], started: float) -> None:
+    def _write(self, lease: Obj, started: float) -> None:
         """Acquire a free Lease or renew our own, on the condition that nobody wrote it since we read it."""
         spec = dict(lease.get("spec") or {})
         now = _micro_time()
@@ -181,16 +169,13 @@ class LeaderElector:
         metadata["annotations"] = {**(metadata.get("annotations") or {}),
                                    LEADER_URL_ANNOTATION: self.settings.advertise_url}
         try:
-            response = self._api.replace_namespaced_lease(self.settings.name, self.settings.namespace,
-                                                          {**lease, "metadata": metadata, "spec": spec},
-                                                          _preload_content=False,
-                                                          _request_timeout=self._request_timeout_s)
-        except ApiException as exc:
-            if exc.status == 409:  # written by another replica since we read it: it won
-                self._step_down("another replica wrote the lease first")
-                return
-            raise
-        self._observed_version = str(orjson.loads(response.data)["metadata"].get("resourceVersion", ""))
+            written = self._leases.replace(self.settings.namespace, self.settings.name,
+                                           {**lease, "metadata": metadata, "spec": spec},
+                                           timeout_s=self._request_timeout_s)
+        except Conflict:  # written by another replica since we read it: it won
+            self._step_down("another replica wrote the lease first")
+            return
+        self._observed_version = str(written["metadata"].get("resourceVersion", ""))
         self._observed_at = time.monotonic()
         self._lead(started)
 
@@ -226,9 +211,8 @@ class LeaderElector:
             metadata = dict(lease["metadata"])
             metadata["annotations"] = {k: v for k, v in (metadata.get("annotations") or {}).items()
                                        if k != LEADER_URL_ANNOTATION}
-            self._api.replace_namespaced_lease(self.settings.name, self.settings.namespace,
-                                               {**lease, "metadata": metadata, "spec": spec},
-                                               _preload_content=False, _request_timeout=self._request_timeout_s)
+            self._leases.replace(self.settings.namespace, self.settings.name,
+                                 {**lease, "metadata": metadata, "spec": spec}, timeout_s=self._request_timeout_s)
         except Exception as exc:  # the peers take over when the lease expires instead
             log.warning("could not hand back leader lease %s; another replica takes over once it expires: %s",
                         self._lease_key(), exc, extra={"lease": self._lease_key()})

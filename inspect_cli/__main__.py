@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from inspect_cli import render
-from inspect_cli.cluster import ClusterError, api_client, read_cluster
+from inspect_cli.cluster import ClusterError, open_cluster, read_cluster
 from inspect_cli.report import cluster_report
 
 
@@ -19,8 +19,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-d", "--details", action="store_true", help="list the pods holding memory on each GPU")
     p.add_argument("-o", "--output", choices=("table", "wide", "json", "yaml"), default="table",
                    help="wide: one row per GPU with model, health and NVML used memory; json/yaml: everything")
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then $KUBECONFIG or "
-                                        "~/.kube/config)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else the pod's "
+                                        "service account)")
     p.add_argument("--context", help="kubeconfig context to use")
     return p
 
@@ -28,7 +28,7 @@ def parser() -> argparse.ArgumentParser:
 def run(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        nodes, pods = read_cluster(api_client(args.kubeconfig, args.context), args.node)
+        nodes, pods = read_cluster(open_cluster(args.kubeconfig, args.context), args.node)
     except ClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

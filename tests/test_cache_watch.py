@@ -73,7 +73,7 @@ def test_expired_watch_relists_and_replaces_state(cluster: LocalCluster) -> None
     create_pod(core, bound_pod("old", 5, "n1", 0))
     api = ExpiringPodWatch(core)
     cache = ClusterCache()
-    watch = ClusterWatch(api, cache)
+    watch = ClusterWatch(api.list_node, api.list_pod_for_all_namespaces, cache)
     watch.start()
     try:
         assert api.watch_requested.wait(10)
@@ -91,7 +91,7 @@ def test_expired_watch_relists_and_replaces_state(cluster: LocalCluster) -> None
 def test_watch_follows_pods_and_node_inventory(cluster: LocalCluster) -> None:
     core = client.CoreV1Api(cluster.api_client())
     cache = ClusterCache()
-    watch = ClusterWatch(core, cache)
+    watch = ClusterWatch(core.list_node, core.list_pod_for_all_namespaces, cache)
     watch.start()
     try:
         assert watch.wait_synced(10)

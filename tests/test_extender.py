@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -24,7 +24,6 @@ from test_extender_harness import (
     wait_for,
 )
 
-from extender.binder import BindHooks
 from extender.config import ExtenderConfig
 from gpushare.contract import (
     ANN_ASSIGNED,
@@ -35,8 +34,8 @@ from gpushare.contract import (
     ANN_MEMORY_UNIT,
     ANN_POD,
     MemoryUnit,
-    PodInfo,
 )
+from gpushare.kube.api import DEFAULT_TIMEOUT_S, MERGE_PATCH, Obj, Pods
 from gpushare.localcluster import LocalCluster
 
 FILTER_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
@@ -257,18 +256,28 @@ def test_bind_of_a_pod_without_gpu(env: Env) -> None:
     assert ANN_IDX not in (stored["metadata"].get("annotations") or {})
 
 
+class MeddlingPods(Pods):
+    """The extender's pod calls, except that another client changes the pod just before the first annotation."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        super().__init__(cluster.api_client())
+        self._other = client.CoreV1Api(cluster.api_client())
+        self.meddled = False
+
+    def annotate(self, namespace: str, name: str, resource_version: str | None,
+                 annotations: Mapping[str, str | None], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Obj:
+        if not self.meddled:
+            self.meddled = True
+            self._other.patch_namespaced_pod(name, namespace, {"metadata": {"labels": {"meddled": "yes"}}},
+                                             _content_type=MERGE_PATCH)
+        return super().annotate(namespace, name, resource_version, annotations, timeout_s=timeout_s)
+
+
 def test_conflicting_change_between_read_and_patch_is_retried(cluster: LocalCluster) -> None:
     core = client.CoreV1Api(cluster.api_client())
     core.delete_collection_namespaced_pod("default", grace_period_seconds=0)
-    touched: list[str] = []
-
-    def meddle(pod: PodInfo) -> None:
-        if not touched:
-            touched.append(pod.resource_version)
-            core.patch_namespaced_pod(pod.name, pod.namespace, {"metadata": {"labels": {"meddled": "yes"}}},
-                                      _content_type="application/merge-patch+json")
-
-    with running_extender(cluster, hooks=BindHooks(after_read=meddle)) as url:
+    pods = MeddlingPods(cluster)
+    with running_extender(cluster, pods=pods) as url:
         env = Env(cluster, url)
         pod = create_pod(core, pod_body("p", 6))
         assert env.bind(pod, "mixed") == ""
@@ -281,21 +290,24 @@ def test_conflicting_change_between_read_and_patch_is_retried(cluster: LocalClus
         assert env.inspect("mixed")["nodes"][0]["usedGPU"] == 6
 
 
+class RivalBinderPods(Pods):
+    """The extender's pod calls, except that another scheduler binds the pod to t4x2 just before our Binding."""
+
+    def bind(self, namespace: str, name: str, uid: str, node: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        super().bind(namespace, name, uid, "t4x2")
+        super().bind(namespace, name, uid, node, timeout_s=timeout_s)
+
+
 def test_failed_binding_undoes_annotations_and_reservation(cluster: LocalCluster) -> None:
     core = client.CoreV1Api(cluster.api_client())
     core.delete_collection_namespaced_pod("default", grace_period_seconds=0)
-
-    def bind_elsewhere(pod: PodInfo) -> None:
-        core.create_namespaced_binding(pod.namespace, client.V1Binding(
-            metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace),
-            target=client.V1ObjectReference(kind="Node", name="t4x2")), _preload_content=False)
-
-    with running_extender(cluster, hooks=BindHooks(before_binding=bind_elsewhere)) as url:
+    with running_extender(cluster, pods=RivalBinderPods(cluster.api_client())) as url:
         env = Env(cluster, url)
         pod = create_pod(core, pod_body("p", 12))
         error = env.bind(pod, "mixed")
-        assert error.startswith("gpushare could not bind pod default/p to node mixed: creating the Binding failed:")
-        assert "already assigned" in error
+        assert error.startswith("gpushare could not bind pod default/p to node mixed: Could not bind pod default/p "
+                                "to node mixed: the API server at http://127.0.0.1:")
+        assert "409 Conflict" in error and "already assigned" in error
         stored = read_pod(core, "p")
         assert stored["spec"]["nodeName"] == "t4x2"
         assert ANN_IDX not in (stored["metadata"].get("annotations") or {})

@@ -37,6 +37,7 @@ from extender.config import ConfigError, ExtenderConfig, parse_config
 from extender.forward import FORWARDED_BY_HEADER
 from extender.leader import LEADER_URL_ANNOTATION, LeaseSettings
 from gpushare.contract import ANN_IDX, ANN_POD
+from gpushare.kube.api import Kube
 from gpushare.localcluster import LocalCluster
 
 LEASE_S = 2
@@ -62,8 +63,8 @@ def replica(cluster: LocalCluster, identity: str) -> Iterator[str]:
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     config = ExtenderConfig(leader=LeaseSettings(namespace=NAMESPACE, name=LEASE, identity=identity,
                                                  advertise_url=url, duration_s=LEASE_S, renew_period_s=RENEW_S))
-    server = uvicorn.Server(uvicorn.Config(create_app(config, cluster.api_client()), log_config=None,
-                                           access_log=False))
+    app = create_app(config, Kube.from_api_client(cluster.api_client()))
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()
     try:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import threading
 import time
@@ -19,9 +20,9 @@ import uvicorn
 from kubernetes import client
 
 from extender.app import create_app
-from extender.binder import BindHooks
 from extender.config import ExtenderConfig
 from gpushare.clusterspec import ClusterSpec, GPUSpec, NodeSpec
+from gpushare.kube.api import Kube, Pods
 from gpushare.localcluster import LocalCluster
 
 T4 = "Tesla-T4"
@@ -56,9 +57,15 @@ def serve(app: Any) -> Iterator[str]:
 
 @contextmanager
 def running_extender(cluster: LocalCluster, config: ExtenderConfig | None = None,
-                     hooks: BindHooks | None = None) -> Iterator[str]:
-    """The extender against ``cluster``, served over HTTP and ready (its caches synced)."""
-    app = create_app(config or ExtenderConfig(), cluster.api_client(), hooks)
+                     pods: Pods | None = None) -> Iterator[str]:
+    """The extender against ``cluster``, served over HTTP and ready (its caches synced).
+
+    ``pods`` replaces the extender's pod calls: a subclass of ``Pods`` stages races against the real cluster.
+    """
+    kube = Kube.from_api_client(cluster.api_client())
+    if pods is not None:
+        kube = dataclasses.replace(kube, pods=pods)
+    app = create_app(config or ExtenderConfig(), kube)
     with serve(app) as url:
         deadline = time.monotonic() + 20
         while httpx.get(url + "/readyz").status_code != 200:

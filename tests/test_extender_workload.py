@@ -13,10 +13,10 @@ import pytest
 from kubernetes import client
 from test_extender_harness import T4, T4_MIB, create_pod, gpu_node, pod_body, read_pod, running_extender, spec
 
-from extender.binder import BindHooks
 from extender.config import ConfigError, ExtenderConfig, parse_config
 from extender.placement import PolicyBook
-from gpushare.contract import ANN_IDX, ModelRule, PodInfo, PodRequest
+from gpushare.contract import ANN_IDX, ModelRule, PodRequest
+from gpushare.kube.api import DEFAULT_TIMEOUT_S, Pods
 from gpushare.localcluster import LocalCluster
 from gpushare.localcluster.scheduler import SchedulerLoop
 from gpushare.policies.workload import Shape, WorkloadDistribution, count_shapes, dump_workload, load_workload
@@ -126,20 +126,28 @@ def test_the_loop_sends_pods_without_gpu_to_the_extender_when_asked(cluster: Loc
     assert ANN_IDX not in (read_pod(core, "plain")["metadata"].get("annotations") or {})
 
 
+class ReservationCountingPods(Pods):
+    """The extender's pod calls, except that the Binding first reads the extender's reservations gauge."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        super().__init__(cluster.api_client())
+        self.url = ""
+        self.seen: list[float] = []
+
+    def bind(self, namespace: str, name: str, uid: str, node: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        metrics = httpx.get(self.url + "/metrics").text
+        self.seen.extend(float(line.split()[-1]) for line in metrics.splitlines()
+                         if line.startswith("gpushare_extender_reservations "))
+        super().bind(namespace, name, uid, node, timeout_s=timeout_s)
+
+
 def test_bind_reserves_cpu_before_the_binding(cluster: LocalCluster, core: Any) -> None:
     pod = create_pod(core, pod_body("plain", cpu="8"))
-    seen: list[float] = []
-    urls: list[str] = []
-
-    def count_reservations(_: PodInfo) -> None:
-        metrics = httpx.get(urls[0] + "/metrics").text
-        seen.extend(float(line.split()[-1]) for line in metrics.splitlines()
-                    if line.startswith("gpushare_extender_reservations "))
-
-    with running_extender(cluster, hooks=BindHooks(before_binding=count_reservations)) as url:
-        urls.append(url)
+    pods = ReservationCountingPods(cluster)
+    with running_extender(cluster, pods=pods) as url:
+        pods.url = url
         answer = httpx.post(url + "/gpushare-scheduler/bind", json={
             "PodName": "plain", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "roomy"})
         assert answer.json() == {"Error": ""}
-    assert seen == [1.0]
+    assert pods.seen == [1.0]
     assert read_pod(core, "plain")["spec"]["nodeName"] == "roomy"

@@ -10,7 +10,7 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +25,6 @@ from deviceplugin.allocator import Allocator
 from deviceplugin.gpus import GPUBackend, ProcessUsage
 from deviceplugin.inventory import Inventory
 from deviceplugin.isolation import Isolation, IsolationConfig
-from deviceplugin.kubeapi import Conflict, PodWriter
 from deviceplugin.nvml import NvmlBackend
 from deviceplugin.plugin import SOCKET_NAME, DevicePlugin, PluginConfig
 from deviceplugin.podcache import PodCache
@@ -47,15 +46,14 @@ from gpushare.contract import (
     new_assignment,
     parse_request,
 )
+from gpushare.kube.api import DEFAULT_TIMEOUT_S, MERGE_PATCH, Conflict, Kube, Obj, Pods
 from gpushare.kube.convert import pod_info
-from gpushare.kube.informer import Obj
 from gpushare.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from gpushare.kubeletapi import deviceplugin_v1beta1_pb2_grpc as rpc
 from gpushare.localcluster import LocalCluster
 from gpushare.localcluster.kubelet import SimulatedKubelet
 
 NODE = "gpu-node"
-MERGE_PATCH = "application/merge-patch+json"
 SPEC = ClusterSpec.model_validate({"nodes": [{"name": NODE, "gpus": [
     {"model": "Tesla-V100-SXM2-16GB", "memoryMiB": 16160, "numa": 0, "nvlink": [1]},
     {"model": "Tesla-V100-SXM2-16GB", "memoryMiB": 16160, "numa": 0},
@@ -136,7 +134,7 @@ def rig(backend: GPUBackend | None = None, isolation: IsolationConfig | None = N
                               isolation=isolation or IsolationConfig(), health_recovery_s=recovery_s,
                               reconcile_s=0.1, usage_s=usage_s, metrics_address="127.0.0.1", metrics_port=0)
         plugin = DevicePlugin(config, backend or SimulatedBackend(SPEC.node(NODE), directory / "control.jsonl"),
-                              cluster.api_client())
+                              Kube.from_api_client(cluster.api_client()))
         plugin.start()
         try:
             eventually(lambda: kubelet.registered(RESOURCE_GPU_MEM) and plugin.ready(), "registration")
@@ -344,7 +342,8 @@ def test_mib_units_advertise_one_device_per_mib() -> None:
         plugin = DevicePlugin(PluginConfig(NODE, unit=MemoryUnit.MiB, plugin_dir=directory,
                                            pod_resources_socket=kubelet.pod_resources_socket,
                                            metrics_address="127.0.0.1", metrics_port=0),
-                              SimulatedBackend(small.node(NODE)), cluster.api_client())
+                              SimulatedBackend(small.node(NODE)),
+                              Kube.from_api_client(cluster.api_client()))
         plugin.start()
         try:
             eventually(lambda: len(kubelet.devices(RESOURCE_GPU_MEM)) == 1500, "1500 MiB devices")
@@ -386,23 +385,25 @@ def test_the_kubelet_refuses_a_plugin_of_another_api_version(node: Rig) -> None:
     assert "speaks device plugin API v1beta1" in str(caught.value.details())
 
 
-class RacingWriter(PodWriter):
+class RacingPods(Pods):
     """Changes the pod through the API just before the plugin's first write, as another controller might."""
 
-    def __init__(self, core: Any) -> None:
-        super().__init__(core)
+    def __init__(self, cluster: LocalCluster) -> None:
+        super().__init__(cluster.api_client())
+        self._other = client.CoreV1Api(cluster.api_client())
         self.conflicts = 0
 
-    def annotate(self, namespace: str, name: str, resource_version: str, annotations: dict[str, str]) -> Obj:
+    def annotate(self, namespace: str, name: str, resource_version: str | None,
+                 annotations: Mapping[str, str | None], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Obj:
         if not self.conflicts:
-            self._core.patch_namespaced_pod(name, namespace, {"metadata": {"labels": {"touched": "yes"}}},
-                                            _content_type=MERGE_PATCH, _preload_content=False)
+            self._other.patch_namespaced_pod(name, namespace, {"metadata": {"labels": {"touched": "yes"}}},
+                                             _content_type=MERGE_PATCH, _preload_content=False)
             try:
-                return super().annotate(namespace, name, resource_version, annotations)
+                return super().annotate(namespace, name, resource_version, annotations, timeout_s=timeout_s)
             except Conflict:
                 self.conflicts += 1
                 raise
-        return super().annotate(namespace, name, resource_version, annotations)
+        return super().annotate(namespace, name, resource_version, annotations, timeout_s=timeout_s)
 
 
 def test_a_conflicting_write_is_retried_on_the_fresh_pod() -> None:
@@ -411,13 +412,13 @@ def test_a_conflicting_write_is_retried_on_the_fresh_pod() -> None:
         placer = Rig(cluster, core, None, None, Path("/nonexistent"))  # type: ignore[arg-type]
         placer.create("raced", {"c": 2})
         placer.place("raced", (1,))
-        cache = PodCache(core, NODE)
+        cache = PodCache(Pods(cluster.api_client()), NODE)
         cache.start()
         try:
             assert cache.wait_synced(10)
             eventually(lambda: (p := cache.get("default/raced")) is not None and p.node_name == NODE,
                        "the cache seeing the bound pod")
-            writer = RacingWriter(core)
+            writer = RacingPods(cluster)
             inventory = Inventory(SimulatedBackend(SPEC.node(NODE)).discover(), MemoryUnit.GiB, recovery_s=600)
             env, _ = Allocator(cache, writer, inventory, IsolationConfig()).allocate([f"{UUIDS[1]}-_-0",
                                                                                        f"{UUIDS[1]}-_-1"])

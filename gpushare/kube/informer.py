@@ -12,35 +12,32 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+
+import urllib3
+
+from gpushare.kube.api import ListCall, Obj
 
 log = logging.getLogger(__name__)
-
-Obj = dict[str, Any]
-ListFunc = Callable[..., Any]
 
 
 class Informer:
     """Keeps a consumer in step with one kind of object: ``on_sync`` after each list, ``on_event`` after."""
 
-    def __init__(self, list_func: ListFunc, *, on_sync: Callable[[list[Obj]], None],
+    def __init__(self, list_call: ListCall, *, on_sync: Callable[[list[Obj]], None],
                  on_event: Callable[[str, Obj], None], kind: str, field_selector: str | None = None,
                  label_selector: str | None = None, watch_timeout_s: int = 300, retry_s: float = 1.0) -> None:
-        self._list = list_func
+        self._list = list_call
         self._on_sync = on_sync
         self._on_event = on_event
         self.kind = kind
-        self._selectors: dict[str, str] = {}
-        if field_selector:
-            self._selectors["field_selector"] = field_selector
-        if label_selector:
-            self._selectors["label_selector"] = label_selector
+        self._field_selector = field_selector
+        self._label_selector = label_selector
         self._watch_timeout_s = watch_timeout_s
         self._retry_s = retry_s
         self._stop = threading.Event()
         self.synced = threading.Event()
         self._thread: threading.Thread | None = None
-        self._response: Any = None
+        self._response: urllib3.BaseHTTPResponse | None = None
         self.relists = 0
 
     def start(self) -> None:
@@ -74,7 +71,8 @@ class Informer:
             self.relists += 1
 
     def _list_all(self) -> str:
-        response = self._list(_preload_content=False, **self._selectors)
+        response = self._list(_preload_content=False, field_selector=self._field_selector,
+                              label_selector=self._label_selector)
         body = json.loads(response.data)
         self._on_sync(list(body.get("items") or []))
         return str(body.get("metadata", {}).get("resourceVersion", ""))
@@ -83,7 +81,7 @@ class Informer:
         while not self._stop.is_set():
             response = self._list(_preload_content=False, watch=True, resource_version=version,
                                   allow_watch_bookmarks=True, timeout_seconds=self._watch_timeout_s,
-                                  **self._selectors)
+                                  field_selector=self._field_selector, label_selector=self._label_selector)
             self._response = response
             try:
                 if self._stop.is_set():
@@ -104,7 +102,7 @@ class Informer:
                 response.release_conn()
 
 
-def _events(response: Any) -> Iterator[Obj]:
+def _events(response: urllib3.BaseHTTPResponse) -> Iterator[Obj]:
     """Split a watch response's body into JSON events, one per line."""
     pending = b""
     for chunk in response.stream(amt=65536, decode_content=True):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from gpushare.cache.state import ClusterCache
+from gpushare.kube.api import ListCall, Obj
 from gpushare.kube.convert import node_info, pod_info
-from gpushare.kube.informer import Informer, Obj
+from gpushare.kube.informer import Informer
 
 log = logging.getLogger(__name__)
 
@@ -15,14 +15,15 @@ log = logging.getLogger(__name__)
 class ClusterWatch:
     """Lists and watches nodes and pods through the kubernetes client and feeds a ``ClusterCache``.
 
-    ``core_api`` is a ``kubernetes.client.CoreV1Api``; objects travel as raw JSON dicts for speed.
+    ``list_nodes`` and ``list_pods`` are ``Nodes.list_call`` and ``Pods.list_call``; objects travel as raw JSON.
     """
 
-    def __init__(self, core_api: Any, cache: ClusterCache, watch_timeout_s: int = 300) -> None:
+    def __init__(self, list_nodes: ListCall, list_pods: ListCall, cache: ClusterCache,
+                 watch_timeout_s: int = 300) -> None:
         self.cache = cache
-        self._nodes = Informer(core_api.list_node, on_sync=self._sync_nodes, on_event=self._node_event,
+        self._nodes = Informer(list_nodes, on_sync=self._sync_nodes, on_event=self._node_event,
                                kind="nodes", watch_timeout_s=watch_timeout_s)
-        self._pods = Informer(core_api.list_pod_for_all_namespaces, on_sync=self._sync_pods,
+        self._pods = Informer(list_pods, on_sync=self._sync_pods,
                               on_event=self._pod_event, kind="pods", watch_timeout_s=watch_timeout_s)
 
     def start(self) -> None:

@@ -166,7 +166,7 @@ class LocalCluster:
         target.write_text(yaml.safe_dump(self.kubeconfig(), sort_keys=False))
         return target
 
-    def api_client(self) -> Any:
+    def api_client(self) -> client.ApiClient:
         """A ``kubernetes.client.ApiClient`` for this cluster; closed when the cluster stops."""
         configuration = client.Configuration(host=self.url)
         api = client.ApiClient(configuration)

@@ -36,10 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from kubernetes import client, config
+from kubernetes import client
 
 from gpushare.contract import RESOURCE_GPU_MEM
-from gpushare.kube.informer import Informer, Obj
+from gpushare.kube.api import MERGE_PATCH, Obj, Pods
+from gpushare.kube.client import load_configuration
+from gpushare.kube.informer import Informer
 from gpushare.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from gpushare.kubeletapi import deviceplugin_v1beta1_pb2_grpc as rpc
 from gpushare.kubeletapi import podresources_v1_pb2 as podresources
@@ -52,7 +54,6 @@ log = logging.getLogger(__name__)
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 HEALTHY = "Healthy"
-MERGE_PATCH = "application/merge-patch+json"
 CALL_TIMEOUT_S = 10.0
 
 
@@ -95,7 +96,7 @@ class SimulatedKubelet:
     the kubelet could not admit to the reason it wrote into their status.
     """
 
-    def __init__(self, api_client: Any, node_name: str, directory: str | Path,
+    def __init__(self, api_client: client.ApiClient, node_name: str, directory: str | Path,
                  pod_resources_socket: str | Path | None = None) -> None:
         self.node_name = node_name
         self.directory = Path(directory)
@@ -114,7 +115,7 @@ class SimulatedKubelet:
         self.registrations = 0
         self._registration: grpc.Server | None = None
         self._pod_resources: grpc.Server | None = None
-        self._informer = Informer(self._core.list_pod_for_all_namespaces, on_sync=self._on_sync,
+        self._informer = Informer(Pods(api_client).list_call, on_sync=self._on_sync,
                                   on_event=self._on_event, kind="pods", field_selector=f"spec.nodeName={node_name}")
         self._worker = threading.Thread(target=self._admit_loop, name=f"kubelet-{node_name}", daemon=True)
 
@@ -440,11 +441,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pod-resources-socket", type=Path, help="default: <dir>/pod-resources.sock")
     args = parser.parse_args(argv)
     configure_logging("INFO")
-    config.load_kube_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
+    api_client = client.ApiClient(load_configuration(args.kubeconfig))
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
-    with SimulatedKubelet(client.ApiClient(), args.node_name, args.dir, args.pod_resources_socket):
+    with SimulatedKubelet(api_client, args.node_name, args.dir, args.pod_resources_socket):
         done.wait()
 
 

@@ -17,9 +17,9 @@ from typing import Any
 import jsonpatch
 import jsonpointer
 
+from gpushare.kube.api import MERGE_PATCH
 from gpushare.localcluster.errors import ApiError, bad_request, unprocessable
 
-MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 PATCH_TYPES = (JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH)

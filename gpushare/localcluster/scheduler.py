@@ -31,12 +31,11 @@ from typing import Any
 import httpx
 import orjson
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from gpushare.contract import RequestError, host_requests, requests_gpu
+from gpushare.kube.api import Kube, KubeError, Obj
 from gpushare.kube.convert import pod_info
-from gpushare.kube.events import record_pod_event
-from gpushare.kube.informer import Informer, Obj
+from gpushare.kube.informer import Informer
 from gpushare.quantity import capacity_amount
 
 log = logging.getLogger(__name__)
@@ -114,9 +113,9 @@ class SchedulerLoop:
     that schedules pending pods as they appear, with backoff for those that fail.
     """
 
-    def __init__(self, api_client: Any, extender_url: str, weight: int = 1, node_cache_capable: bool = True,
-                 seed: int | None = None, extender_for_all_pods: bool = False) -> None:
-        self._core: Any = client.CoreV1Api(api_client)
+    def __init__(self, api_client: client.ApiClient, extender_url: str, weight: int = 1,
+                 node_cache_capable: bool = True, seed: int | None = None, extender_for_all_pods: bool = False) -> None:
+        self._kube = Kube.from_api_client(api_client)
         self._url = extender_url.rstrip("/")
         self.weight = weight
         self.node_cache_capable = node_cache_capable
@@ -134,9 +133,9 @@ class SchedulerLoop:
         self._stop = threading.Event()
         self._schedule_lock = threading.Lock()
         self._worker: threading.Thread | None = None
-        self._node_informer = Informer(self._core.list_node, on_sync=self._sync_nodes,
+        self._node_informer = Informer(self._kube.nodes.list_call, on_sync=self._sync_nodes,
                                        on_event=self._node_event, kind="nodes")
-        self._pod_informer = Informer(self._core.list_pod_for_all_namespaces, on_sync=self._sync_pods,
+        self._pod_informer = Informer(self._kube.pods.list_call, on_sync=self._sync_pods,
                                       on_event=self._pod_event, kind="pods")
         self._watching = False
 
@@ -192,9 +191,9 @@ class SchedulerLoop:
         key = f"{namespace}/{name}"
         with self._schedule_lock:
             try:
-                obj = orjson.loads(self._core.read_namespaced_pod(name, namespace, _preload_content=False).data)
-            except ApiException as exc:
-                return ScheduleResult(key, None, f"pod {key} cannot be read: HTTP {exc.status} {exc.reason}")
+                obj = self._kube.pods.read(namespace, name)
+            except KubeError as exc:
+                return ScheduleResult(key, None, str(exc))
             bound = (obj.get("spec") or {}).get("nodeName")
             if bound:
                 return ScheduleResult(key, bound, f"pod {key} is already bound to node {bound}")
@@ -202,12 +201,12 @@ class SchedulerLoop:
                 return ScheduleResult(key, None, f"pod {key} is terminating or has finished")
             node, message = self._decide_and_bind(obj)
             if node is None:
-                record_pod_event(self._core, namespace, name, str(obj["metadata"].get("uid") or ""),
-                                 "FailedScheduling", message, COMPONENT)
+                self._kube.pods.record_event(namespace, name, str(obj["metadata"].get("uid") or ""),
+                                             reason="FailedScheduling", message=message, component=COMPONENT)
                 log.info("pod not scheduled", extra={"pod": key, "reason": message})
                 return ScheduleResult(key, None, message)
-            record_pod_event(self._core, namespace, name, str(obj["metadata"].get("uid") or ""), "Scheduled",
-                             message, COMPONENT, event_type="Normal")
+            self._kube.pods.record_event(namespace, name, str(obj["metadata"].get("uid") or ""), reason="Scheduled",
+                                         message=message, component=COMPONENT, event_type="Normal")
             return ScheduleResult(key, node, message)
 
     def _decide_and_bind(self, obj: Obj) -> tuple[str | None, str]:
@@ -318,14 +317,10 @@ class SchedulerLoop:
 
     def _bind_directly(self, obj: Obj, node: str, cpu: int, memory: int) -> tuple[str | None, str]:
         meta = obj["metadata"]
-        body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=meta["name"], namespace=meta.get("namespace") or "default",
-                                         uid=meta.get("uid")),
-            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
         try:
-            self._core.create_namespaced_binding(meta.get("namespace") or "default", body, _preload_content=False)
-        except ApiException as exc:
-            return None, f"binding the pod to node {node} failed: HTTP {exc.status} {exc.reason}"
+            self._kube.pods.bind(meta.get("namespace") or "default", meta["name"], str(meta.get("uid") or ""), node)
+        except KubeError as exc:
+            return None, str(exc)
         self._assume(_pod_key(obj), node, cpu, memory)
         return node, f"Successfully assigned {_pod_key(obj)} to {node}"
 
