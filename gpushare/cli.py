@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from gpushare import schedconfig
-from gpushare.policies import DEFAULT_POLICY
+from gpushare.policies import DEFAULT_POLICY, policy_names
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="GPU sharing for Kubernetes: operator tools.")
@@ -104,6 +104,11 @@ def demo(
 
     from gpushare.demo import run_demo
 
+    # The extender would refuse it too, but only after the cluster and device plugins have started.
+    if policy not in policy_names():
+        typer.echo(f"error: --policy {policy!r} is not a placement policy; choose one of "
+                   f"{', '.join(policy_names())}.", err=True)
+        raise typer.Exit(1)
     folder = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gpushare-demo-"))
     folder.mkdir(parents=True, exist_ok=True)
     try:
@@ -111,6 +116,10 @@ def demo(
     except RuntimeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    finally:
+        if not workdir:
+            typer.echo(f"The demo's cluster description, kubeconfig and component logs stay in {folder}; "
+                       "remove it when done.", err=True)
 
 
 def main() -> None:
