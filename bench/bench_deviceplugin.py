@@ -82,8 +82,10 @@ def bench_allocate(args: argparse.Namespace) -> list[list[object]]:
     spec = ClusterSpec.model_validate({"nodes": [{"name": NODE, "pods": str(args.pods + 10), "gpus": [
         {"model": "A100-SXM4-80GB", "memoryMiB": args.gpu_mib, "numa": i // 4} for i in range(args.gpus)]}]})
     gpu_gib = MemoryUnit.GiB.from_mib(args.gpu_mib)
-    directory = Path(tempfile.mkdtemp(dir="/tmp", prefix="gs-bench-"))
-    with LocalCluster(spec, publish_inventory=False) as cluster:
+    # unix socket paths must stay short, so the plugin's folder lives directly under /tmp
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="gs-bench-") as folder, \
+            LocalCluster(spec, publish_inventory=False) as cluster:
+        directory = Path(folder)
         core: Any = client.CoreV1Api(cluster.api_client())
         placed = place_pods(core, args.pods, args.gpus, gpu_gib, args.units)
         plugin = DevicePlugin(PluginConfig(NODE, plugin_dir=directory, pod_resources_socket=directory / "none.sock",

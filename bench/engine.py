@@ -75,10 +75,6 @@ class GroupedCluster:
         for index in range(len(self.nodes)):
             self._join(index)
 
-    @property
-    def group_count(self) -> int:
-        return len(self._groups)
-
     def choose(self, request: PodRequest) -> tuple[int, Candidate] | None:
         """The index of the node ``choose_node`` would pick, with the policy's candidate there."""
         key = request_key(request)

@@ -3,6 +3,9 @@
     python -m bench.replay [--trace default|gpuspec10|multigpu20] [--policies binpack,fgd,...]
                            [--seeds 42-51] [--jobs N] [--data DIR] [--out FILE.json] [--plot FILE.png]
 
+Progress goes to stderr, one step per replay; the table to stdout. The plot is drawn only with ``--plot``
+(``--plot docs/img/unallocated_vs_arrival.png`` refreshes the README's figure, for the default trace).
+
 For each seed: the pods are sorted by name, shuffled with the seed and extended to 1.3x the cluster's GPU
 capacity (``bench.openb.arrival_order``); each pod is placed where ``choose_node`` would put it with the
 policy the extender runs (ties broken by ``node_priority(name, seed)``), never retried, never removed. CPU
@@ -24,10 +27,12 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rich.console import Console
+from rich.progress import Progress
 from tabulate import tabulate
 
 from bench import openb
@@ -38,7 +43,6 @@ from gpushare.policies import Policy, make_policy, policy_names
 from gpushare.policies.fgd import FragmentationGradient
 from gpushare.policies.workload import WorkloadDistribution, count_shapes
 
-DEFAULT_PLOT = openb.REPO_ROOT / "docs" / "img" / "unallocated_vs_arrival.png"
 DEFAULT_OUT = openb.REPO_ROOT / "bench" / "out"
 REPORT_ARRIVALS = (100.0, 130.0)
 FRAGMENTATION_ARRIVAL = 80.0
@@ -146,16 +150,26 @@ def run_one(data_dir: Path, trace: str, policy_name: str, seed: int) -> RunResul
     return RunResult(policy_name, seed, len(order), unallocated, ratio, seconds, cluster.evaluations, curve)
 
 
-def _run_star(args: tuple[Path, str, str, int]) -> RunResult:
-    return run_one(*args)
-
-
 def run_all(data_dir: Path, trace: str, policies: Sequence[str], seeds: Sequence[int], jobs: int) -> list[RunResult]:
-    tasks = [(data_dir, trace, name, seed) for name in policies for seed in seeds]
-    if jobs <= 1:
-        return [_run_star(t) for t in tasks]
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(_run_star, tasks))
+    """Every policy x seed replay, in that order, with a progress bar on stderr (a full run takes minutes)."""
+    tasks = [(name, seed) for name in policies for seed in seeds]
+    # A line per finished replay as well as the bar: a log file or CI gets no bar, only the lines.
+    with Progress(console=Console(stderr=True)) as progress:
+        bar = progress.add_task(f"{len(tasks)} replays of the {trace} trace", total=len(tasks))
+
+        def done(result: RunResult) -> RunResult:
+            progress.console.print(f"{result.policy} seed {result.seed}: {result.seconds:.1f} s")
+            progress.advance(bar)
+            return result
+
+        if jobs <= 1:
+            return [done(run_one(data_dir, trace, name, seed)) for name, seed in tasks]
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures: list[Future[RunResult]] = [pool.submit(run_one, data_dir, trace, name, seed)
+                                                for name, seed in tasks]
+            for future in as_completed(futures):
+                done(future.result())
+            return [f.result() for f in futures]
 
 
 def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
@@ -248,8 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=_seeds, default=list(openb.SEEDS), help="e.g. 42-51 or 42,43")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel replays")
     parser.add_argument("--out", type=Path, help="JSON results (default bench/out/replay_<trace>.json)")
-    parser.add_argument("--plot", type=Path, help="PNG plot (default docs/img/unallocated_vs_arrival.png for "
-                        "the default trace, bench/out/unallocated_vs_arrival_<trace>.png otherwise)")
+    parser.add_argument("--plot", type=Path, help="also draw unallocated GPU%% against arrival into this PNG "
+                        "(docs/img/unallocated_vs_arrival.png is the README's, from the default trace)")
     args = parser.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     known = (*policy_names(), *BENCH_POLICIES)
@@ -278,10 +292,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"trace": args.trace, "seeds": args.seeds, "wall_seconds": wall, "summary": rows,
                                "paired": comparisons, "runs": [asdict(r) for r in results]}, indent=1))
-    plot_path = args.plot or (DEFAULT_PLOT if args.trace == "default"
-                              else DEFAULT_OUT / f"unallocated_vs_arrival_{args.trace}.png")
-    plot(results, policies, args.trace, plot_path)
-    print(f"results: {out}\nplot: {plot_path}")
+    print(f"results: {out}")
+    if args.plot:
+        plot(results, policies, args.trace, args.plot)
+        print(f"plot: {args.plot}")
     return 0
 
 

@@ -54,7 +54,8 @@ def parser() -> argparse.ArgumentParser:
                    help="how often GPU memory usage is sampled (default 15)")
     p.add_argument("--metrics-address", default="0.0.0.0", help="address of /healthz, /readyz, /metrics")
     p.add_argument("--metrics-port", type=int, default=9445, help="port of /healthz, /readyz, /metrics")
-    p.add_argument("--log-level", choices=LEVELS, default="INFO")
+    p.add_argument("--log-level", choices=LEVELS, default="INFO",
+                   help="least severe level to log, as JSON lines on stderr (default INFO)")
     return p
 
 

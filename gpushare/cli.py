@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from gpushare import schedconfig
-from gpushare.policies import DEFAULT_POLICY
+from gpushare.policies import DEFAULT_POLICY, policy_names
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="GPU sharing for Kubernetes: operator tools.")
@@ -28,17 +28,20 @@ class Output(StrEnum):
 @app.command("scheduler-config")
 def scheduler_config(
     kube_version: Annotated[str, typer.Option(
-        help="Version of the kube-scheduler that reads the file, e.g. 1.30 or v1.22.17. Before 1.23 this prints "
-             "a Policy file, for 1.23 and 1.24 a v1beta3 KubeSchedulerConfiguration, from 1.25 on a v1 one.")],
+        help="Version of the kube-scheduler that reads the file, 1.11 or later 1.x, e.g. 1.30 or v1.22.17. Before "
+             "1.23 this prints a Policy file, for 1.23 and 1.24 a v1beta3 KubeSchedulerConfiguration, from 1.25 on "
+             "a v1 one.")],
     url: Annotated[str | None, typer.Option(
         help="Extender URL prefix; default http(s)://SERVICE.NAMESPACE.svc:PORT/gpushare-scheduler.")] = None,
     service: Annotated[str, typer.Option(help="The extender's Service name.")] = schedconfig.DEFAULT_SERVICE,
     namespace: Annotated[str, typer.Option(
         help="Namespace of the extender's Service and of a second scheduler's lease.")] = schedconfig.DEFAULT_NAMESPACE,
-    port: Annotated[int, typer.Option(help="The extender's Service port.")] = schedconfig.DEFAULT_PORT,
+    port: Annotated[int, typer.Option(help="The extender's Service port, 1 to 65535.")] = schedconfig.DEFAULT_PORT,
     https: Annotated[bool, typer.Option("--https", help="Reach the extender over HTTPS.")] = False,
-    weight: Annotated[int, typer.Option(help="Weight of the extender's scores against the scheduler's plugins.")] = 5,
-    http_timeout: Annotated[int, typer.Option(help="Seconds kube-scheduler waits for each extender call.")] = 10,
+    weight: Annotated[int, typer.Option(
+        help="Weight of the extender's scores against the scheduler's plugins, 1 or more.")] = 5,
+    http_timeout: Annotated[int, typer.Option(
+        help="Seconds kube-scheduler waits for each extender call, 1 or more.")] = 10,
     tls_ca_file: Annotated[str | None, typer.Option(
         help="CA file, on the scheduler's host, that signed the extender's certificate.")] = None,
     tls_server_name: Annotated[str | None, typer.Option(help="Server name to verify the certificate against.")] = None,
@@ -61,6 +64,7 @@ def scheduler_config(
     sched = schedconfig.SchedulerOptions(scheduler_name=scheduler_name, leader_elect=leader_elect,
                                          lease_namespace=namespace, client_kubeconfig=client_kubeconfig)
     try:
+        _check_flags(kube_version, port, weight, http_timeout)
         if url and https and not url.startswith("https://"):
             raise schedconfig.ConfigError(f"--https contradicts the URL {url!r}; give an https:// URL.")
         doc = schedconfig.scheduler_config(kube_version, ext, sched)
@@ -71,6 +75,20 @@ def scheduler_config(
     except schedconfig.ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+def _check_flags(kube_version: str, port: int, weight: int, http_timeout: int) -> None:
+    """Refuse out-of-range flags by name, before they end up in a file kube-scheduler rejects much later."""
+    try:
+        schedconfig.parse_kube_version(kube_version)
+    except schedconfig.ConfigError as exc:
+        raise schedconfig.ConfigError(f"--kube-version: {exc}") from None
+    if not 1 <= port <= 65535:
+        raise schedconfig.ConfigError(f"--port {port} is not a TCP port; give one from 1 to 65535.")
+    if weight < 1:
+        raise schedconfig.ConfigError(f"--weight {weight} is not positive; kube-scheduler needs a weight of 1 or more.")
+    if http_timeout < 1:
+        raise schedconfig.ConfigError(f"--http-timeout {http_timeout} is not positive; give at least 1 second.")
 
 
 @app.command("demo")
@@ -86,6 +104,11 @@ def demo(
 
     from gpushare.localcluster.demo import run_demo
 
+    # The extender would refuse it too, but only after the cluster and device plugins have started.
+    if policy not in policy_names():
+        typer.echo(f"error: --policy {policy!r} is not a placement policy; choose one of "
+                   f"{', '.join(policy_names())}.", err=True)
+        raise typer.Exit(1)
     folder = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gpushare-demo-"))
     folder.mkdir(parents=True, exist_ok=True)
     try:
@@ -93,6 +116,10 @@ def demo(
     except RuntimeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    finally:
+        if not workdir:
+            typer.echo(f"The demo's cluster description, kubeconfig and component logs stay in {folder}; "
+                       "remove it when done.", err=True)
 
 
 def main() -> None:

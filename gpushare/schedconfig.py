@@ -101,6 +101,10 @@ def parse_kube_version(text: str) -> tuple[int, int]:
     major, minor = int(match.group(1)), int(match.group(2))
     if (major, minor) < (1, 11):
         raise ConfigError(f"Kubernetes {major}.{minor} is older than the oldest version gpushare supports (1.11).")
+    if major != 1:
+        # Only 1.x releases exist; a 2.0 could change the configuration formats, so guessing one would be wrong.
+        raise ConfigError(f"Kubernetes {major}.{minor} is not a release gpushare knows; give a 1.x version from "
+                          f"1.11 on, like 1.30.")
     return major, minor
 
 

@@ -9,17 +9,23 @@
 # installed into its own venv, .venv-helm/ (Python >= 3.10; set PYTHON to choose the interpreter). The first run
 # needs PyPI; later runs reuse the venv and work offline. Fails loudly when no suitable Python exists.
 # helm-sdkpy, the Helm binding that only lints, needs Python >= 3.12: it gets its own venv, .venv-helmsdk/, made
-# with python3.12 or python3.13 from PATH or from pyenv's installed versions.
+# with python3.12 or python3.13 from PATH or from pyenv's installed versions. Both take the exact versions in
+# scripts/chart-tools-constraints.txt; a copy of it in each venv tells whether the venv is still current.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CHART=charts/gpushare
 OUT=${1:-build/chart}
 HELM_VENV=.venv-helm
-HELM_SDK=helm-python-sdk==0.2.2
 SDKPY_VENV=.venv-helmsdk
-SDKPY_VERSION=0.1.32
+TOOLS=scripts/chart-tools-constraints.txt
+SDKPY_VERSION=$(sed -n 's/^helm-sdkpy==//p' "$TOOLS")
 KUBE_VERSION=1.30.0
+
+# A tool venv is current when it holds the packages and was built from the present constraints file.
+current() {
+  "$1/bin/python" -c "import $2" 2>/dev/null && cmp -s "$TOOLS" "$1/tools-constraints.txt"
+}
 
 find_python() {
   local candidate
@@ -33,14 +39,15 @@ find_python() {
   return 1
 }
 
-if ! "$HELM_VENV/bin/python" -c 'import helm_python, yaml' 2>/dev/null; then
+if ! current "$HELM_VENV" helm_python,yaml; then
   if ! python=$(find_python); then
     echo "check_chart: no Python 3.10 or newer found; install one or set PYTHON=/path/to/python3" >&2
     exit 2
   fi
   rm -rf "$HELM_VENV"
   "$python" -m venv "$HELM_VENV"
-  "$HELM_VENV/bin/python" -m pip install -q --disable-pip-version-check "$HELM_SDK" pyyaml
+  "$HELM_VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$TOOLS" helm-python-sdk pyyaml
+  cp "$TOOLS" "$HELM_VENV/tools-constraints.txt"
 fi
 
 # pyenv's shims answer python3.12 only when that version is selected, so its installs are also tried directly.
@@ -56,8 +63,7 @@ find_python_for_sdkpy() {
   return 1
 }
 
-if ! "$SDKPY_VENV/bin/python" -c "import importlib.metadata as m, helm_sdkpy, yaml
-assert m.version('helm-sdkpy') == '$SDKPY_VERSION'" 2>/dev/null; then
+if ! current "$SDKPY_VENV" helm_sdkpy,yaml; then
   if ! python=$(find_python_for_sdkpy); then
     echo "check_chart: helm-sdkpy needs Python 3.12 or 3.13, and neither python3.12 nor python3.13 was found on" \
       "PATH or under ${PYENV_ROOT:-$HOME/.pyenv}/versions; install one (for example: pyenv install 3.12) and" \
@@ -66,12 +72,14 @@ assert m.version('helm-sdkpy') == '$SDKPY_VERSION'" 2>/dev/null; then
   fi
   rm -rf "$SDKPY_VENV"
   "$python" -m venv "$SDKPY_VENV"
-  "$SDKPY_VENV/bin/python" -m pip install -q --disable-pip-version-check "helm-sdkpy==$SDKPY_VERSION" pyyaml
+  "$SDKPY_VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$TOOLS" helm-sdkpy pyyaml
+  cp "$TOOLS" "$SDKPY_VENV/tools-constraints.txt"
 fi
 
 VALIDATE=.venv/bin/kubernetes-validate
 if [ ! -x "$VALIDATE" ]; then
-  "$HELM_VENV/bin/python" -m pip install -q --disable-pip-version-check kubernetes-validate
+  # the project's own lock pins kubernetes-validate and everything it pulls in
+  "$HELM_VENV/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt kubernetes-validate
   VALIDATE=$HELM_VENV/bin/kubernetes-validate
 fi
 

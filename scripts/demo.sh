@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[demo]'
+# The exact versions in constraints.txt, for the package build too (see scripts/test.sh).
+.venv/bin/python -m pip install -q --upgrade -c constraints.txt pip
+.venv/bin/python -m pip install -q -c constraints.txt --build-constraint constraints.txt -e '.[demo]'
 exec .venv/bin/gpushare demo "$@"

@@ -1,8 +1,14 @@
-"""Shared fixtures: a running local cluster, and a helper to describe one."""
+"""Shared fixtures: a running local cluster, a helper to describe one, short socket folders, and a check that the
+tests leave nothing behind in the temp directory."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -23,3 +29,43 @@ def local_cluster() -> Iterator[LocalCluster]:
     """A local API server with ``cluster_spec()``'s two nodes, inventory published."""
     with LocalCluster(cluster_spec()) as cluster:
         yield cluster
+
+
+@contextmanager
+def short_tmpdir() -> Iterator[Path]:
+    """A folder for unix sockets, removed afterwards. A socket path must fit in about 108 bytes, which
+    pytest's tmp_path (or a TMPDIR like macOS's /var/folders/...) can exceed, so it lives directly under /tmp."""
+    directory = Path(tempfile.mkdtemp(dir="/tmp", prefix="gs-"))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def leave_no_temp_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Fail the run if the tests or the processes they start leave anything in the temp directory.
+
+    The session gets a temp directory of its own (TMPDIR, inherited by subprocesses): whatever is left in it at
+    the end was left by this run, not by another test run or program sharing /tmp, which a snapshot of /tmp
+    itself would blame on us. pytest's own basetemp stays in the system temp directory, where its retention
+    policy applies.
+    """
+    tmp_path_factory.getbasetemp()  # fixed before TMPDIR moves, so tmp_path keeps working as usual
+    saved_env, saved_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
+    session_tmp = tempfile.mkdtemp(prefix="gs-tests-")
+    os.environ["TMPDIR"] = tempfile.tempdir = session_tmp
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved_tempdir
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
+        leaked = sorted(os.listdir(session_tmp))
+        shutil.rmtree(session_tmp, ignore_errors=True)
+    if leaked:
+        pytest.fail(f"The tests left {len(leaked)} entries in the temp directory ({', '.join(leaked)}); the code "
+                    "that made them must remove them (use tmp_path, or conftest.short_tmpdir for unix sockets).",
+                    pytrace=False)

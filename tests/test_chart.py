@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from gpushare import schedconfig
+from gpushare.policies import DEFAULT_POLICY
 from gpushare.schedconfig import ExtenderOptions, SchedulerOptions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +76,8 @@ def test_extender_runs_restricted(rendered: dict[str, Docs]) -> None:
 def test_extender_command_and_probes(rendered: dict[str, Docs]) -> None:
     extender = container(find(rendered["default"], "Deployment", "gpushare-extender"))
     assert extender["command"] == ["gpushare-extender"]
-    assert extender["args"] == ["--port=39999", "--policy=binpack", "--unit=GiB", "--log-level=INFO"]
+    # The chart's default policy is the extender's own default, so a chart install behaves like the README says.
+    assert extender["args"] == ["--port=39999", f"--policy={DEFAULT_POLICY}", "--unit=GiB", "--log-level=INFO"]
     assert extender["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http", "scheme": "HTTP"}
     assert extender["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http", "scheme": "HTTP"}
     service = find(rendered["default"], "Service", "gpushare-extender")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -329,8 +328,8 @@ def test_the_simulated_backend_reads_the_cluster_description() -> None:
     assert backend.used_mib() == {0: 0, 1: 0, 2: 100}
 
 
-def test_the_control_file_injects_events_and_usage() -> None:
-    control = Path(tempfile.mkdtemp(dir="/tmp", prefix="gs-ctl-")) / "control.jsonl"
+def test_the_control_file_injects_events_and_usage(tmp_path: Path) -> None:
+    control = tmp_path / "control.jsonl"
     backend = SimulatedBackend(NODE, control)
     try:
         with control.open("a") as handle:

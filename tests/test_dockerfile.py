@@ -126,3 +126,12 @@ def test_builder_stage_files_build_every_entry_point(tmp_path: Path) -> None:
     assert "gpushare/kubeletapi/deviceplugin_v1beta1_pb2.py" in names
     for script in ENTRY_POINTS:
         assert re.search(rf"^{re.escape(script)} = ", entry_points, re.MULTILINE), script
+
+
+def test_builder_installs_the_locked_versions() -> None:
+    """The image gets what the tests passed with: constraints.txt for the dependencies and the package build."""
+    assert any("constraints.txt" in sources for sources in copies())
+    runs = " ".join(rest for word, rest in stages()[0] if word == "RUN")
+    installs = re.findall(r"pip install ([^&]*)", runs)
+    assert installs and all("-c constraints.txt" in args for args in installs), installs
+    assert "--build-constraint constraints.txt ." in installs[-1]

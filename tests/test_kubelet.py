@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from conftest import short_tmpdir
 from kubernetes import client
 
 from deviceplugin.allocator import Allocator
@@ -127,8 +127,7 @@ class Rig:
 @contextmanager
 def rig(backend: GPUBackend | None = None, isolation: IsolationConfig | None = None,
         recovery_s: float = 600, usage_s: float = 15) -> Iterator[Rig]:
-    directory = Path(tempfile.mkdtemp(dir="/tmp", prefix="gs-"))
-    with LocalCluster(SPEC, publish_inventory=False) as cluster:
+    with short_tmpdir() as directory, LocalCluster(SPEC, publish_inventory=False) as cluster:
         kubelet = SimulatedKubelet(cluster.api_client(), NODE, directory).start()
         config = PluginConfig(NODE, plugin_dir=directory, pod_resources_socket=kubelet.pod_resources_socket,
                               isolation=isolation or IsolationConfig(), health_recovery_s=recovery_s,
@@ -335,9 +334,8 @@ def test_memory_use_above_a_pods_share_is_logged(caplog: pytest.LogCaptureFixtur
 
 
 def test_mib_units_advertise_one_device_per_mib() -> None:
-    directory = Path(tempfile.mkdtemp(dir="/tmp", prefix="gs-"))
     small = ClusterSpec.model_validate({"nodes": [{"name": NODE, "gpus": [{"model": "T4", "memoryMiB": 1500}]}]})
-    with LocalCluster(small, publish_inventory=False) as cluster:
+    with short_tmpdir() as directory, LocalCluster(small, publish_inventory=False) as cluster:
         kubelet = SimulatedKubelet(cluster.api_client(), NODE, directory).start()
         plugin = DevicePlugin(PluginConfig(NODE, unit=MemoryUnit.MiB, plugin_dir=directory,
                                            pod_resources_socket=kubelet.pod_resources_socket,

@@ -148,6 +148,21 @@ def test_the_command_line_writes_table_json_and_plot(trace: Path, tmp_path: Path
     assert image.read_bytes().startswith(b"\x89PNG")
 
 
+def test_the_command_line_shows_progress_and_draws_no_plot_unless_asked(trace: Path, tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    committed = openb.REPO_ROOT / "docs" / "img" / "unallocated_vs_arrival.png"
+    before = committed.stat().st_mtime_ns
+    out = tmp_path / "results"
+    code = replay.main(["--data", str(trace), "--policies", "binpack", "--seeds", "42-43", "--jobs", "2",
+                        "--out", str(out / "out.json")])
+    assert code == 0
+    printed = capsys.readouterr()
+    assert "binpack seed 42:" in printed.err and "binpack seed 43:" in printed.err
+    assert "seed 42:" not in printed.out and "plot:" not in printed.out
+    assert committed.stat().st_mtime_ns == before
+    assert list(out.iterdir()) == [out / "out.json"]
+
+
 def test_the_papers_bestfit_ranks_nodes_by_what_is_left_on_the_whole_node(trace: Path, tmp_path: Path) -> None:
     # binpack goes where the chosen card is left fullest; BestFit where the node has least CPU and GPU left:
     # 100 x (1 - (CPU left / 128 cores + GPUs left / 8) / 2), truncated.

@@ -36,7 +36,7 @@ def test_format_follows_the_kubernetes_version(version: str, expected: ConfigFor
     assert schedconfig.format_for(version) is expected
 
 
-@pytest.mark.parametrize("version", ["", "latest", "1", "one.two", "1.30.x", "1.10"])
+@pytest.mark.parametrize("version", ["", "latest", "1", "one.two", "1.30.x", "1.10", "2.0", "v3.1.4", "0.9"])
 def test_bad_versions_are_refused_with_a_sentence(version: str) -> None:
     with pytest.raises(ConfigError, match=r"\.$"):
         schedconfig.format_for(version)
@@ -154,6 +154,11 @@ def test_command_output_flag() -> None:
     (["--kube-version", "banana"], "not a Kubernetes version"),
     (["--kube-version", "1.30", "--https", "--url", "http://x:1/gpushare-scheduler"], "--https contradicts"),
     (["--kube-version", "1.22", "--scheduler-name", "gpushare-scheduler"], "cannot name a scheduler"),
+    (["--kube-version", "2.0"], "--kube-version: Kubernetes 2.0 is not a release gpushare knows; give a 1.x version"),
+    (["--kube-version", "1.30", "--port", "99999"], "--port 99999 is not a TCP port; give one from 1 to 65535."),
+    (["--kube-version", "1.30", "--port", "0"], "--port 0 is not a TCP port"),
+    (["--kube-version", "1.30", "--weight", "0"], "--weight 0 is not positive"),
+    (["--kube-version", "1.30", "--http-timeout", "-3"], "--http-timeout -3 is not positive; give at least 1 second."),
 ])
 def test_command_errors_are_one_sentence(args: list[str], message: str) -> None:
     result = run_cli(*args)

@@ -32,7 +32,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="do not publish GPU resources and inventory on nodes (leave it to the device plugin)")
     parser.add_argument("--event-window", type=int, default=1000, metavar="N",
                         help="changes per kind a watch can resume from before it gets 410 Gone (default: %(default)s)")
-    parser.add_argument("--log-level", default="INFO", choices=LEVELS)
+    parser.add_argument("--log-level", default="INFO", choices=LEVELS,
+                        help="least severe level to log, as JSON lines on stderr (default: %(default)s)")
     return parser.parse_args(argv)
 
 

@@ -87,20 +87,37 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait(what: str, ready: Callable[[], bool], timeout_s: float = 60.0) -> None:
+# The component processes the demo started, with their log files: _wait watches them.
+Components = list[tuple[subprocess.Popen[bytes], Path]]
+
+
+def _tail(log: Path, lines: int = 10) -> str:
+    """The end of a component's log; the components write their errors there, not to the demo's terminal."""
+    text = log.read_text(errors="replace").rstrip() if log.exists() else ""
+    shown = "\n".join("  | " + line for line in text.splitlines()[-lines:]) or "  | (empty)"
+    return f"last lines of {log}:\n{shown}"
+
+
+def _wait(what: str, ready: Callable[[], bool], components: Components, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        for proc, log in components:
+            if proc.poll() is not None:  # a component that died will never become ready: say why at once
+                raise RuntimeError(f"{log.stem} exited with code {proc.returncode} while the demo waited for "
+                                   f"{what}; {_tail(log)}")
         with contextlib.suppress(Exception):
             if ready():
                 return
         time.sleep(0.2)
-    raise RuntimeError(f"The demo gave up waiting for {what} after {timeout_s:.0f} s; see the logs above.")
+    tails = "\n".join(_tail(log) for _, log in components)
+    raise RuntimeError(f"The demo gave up waiting for {what} after {timeout_s:.0f} s; {tails}")
 
 
 @contextlib.contextmanager
-def _process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def _process(args: list[str], log: Path, components: Components) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        components.append((proc, log))
         try:
             yield proc
         finally:
@@ -134,6 +151,7 @@ def run_demo(workdir: Path, policy: str) -> None:
         print(f"local cluster: {cluster.url} (kubeconfig {kubeconfig}, logs in {workdir})")
         api = cluster.api_client()
         kubelets: list[SimulatedKubelet] = []
+        components: Components = []
         for node in spec.nodes:
             # unix socket paths must stay short, so the kubelet folders live directly under /tmp
             plugin_dir = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
@@ -144,23 +162,23 @@ def run_demo(workdir: Path, policy: str) -> None:
                  "--backend", "simulated", "--cluster", str(spec_file), "--device-plugin-dir", str(plugin_dir),
                  "--pod-resources-socket", str(plugin_dir / "pod-resources.sock"), "--metrics-port", "0",
                  "--isolation", "hami-core"],
-                workdir / f"device-plugin-{node.name}.log"))
+                workdir / f"device-plugin-{node.name}.log", components))
         port = _free_port()
         stack.enter_context(_process(
             [python, "-m", "extender", "--host", "127.0.0.1", "--port", str(port), "--kubeconfig", str(kubeconfig),
-             "--policy", policy], workdir / "extender.log"))
+             "--policy", policy], workdir / "extender.log", components))
         extender = f"http://127.0.0.1:{port}"
-        _wait("the extender to be ready", lambda: httpx.get(extender + "/readyz").status_code == 200)
+        _wait("the extender to be ready", lambda: httpx.get(extender + "/readyz").status_code == 200, components)
         core: Any = client.CoreV1Api(api)
         _wait("every node's device plugin to publish its GPUs", lambda: all(
-            contract.RESOURCE_GPU_MEM in (n.status.allocatable or {}) for n in core.list_node().items))
+            contract.RESOURCE_GPU_MEM in (n.status.allocatable or {}) for n in core.list_node().items), components)
         print(f"extender: {extender} (policy {policy}); {len(spec.nodes)} nodes, each with a device plugin "
               "and a simulated kubelet\n")
         loop = stack.enter_context(SchedulerLoop(api, extender + "/gpushare-scheduler"))
         loop.start()
         for manifest in demo_pods():
             core.create_namespaced_pod("default", manifest)
-        _wait("the pods to settle", lambda: _settled(core), timeout_s=90)
+        _wait("the pods to settle", lambda: _settled(core), components, timeout_s=90)
         _report(core, kubelets)
         print(_inspect(kubeconfig))
         print(_inspect(kubeconfig, "-d"))

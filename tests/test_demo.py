@@ -1,0 +1,40 @@
+"""``gpushare demo`` fails fast and says why: a bad flag before anything starts, a dying component with its log."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpushare.localcluster.demo import run_demo
+from gpushare.policies import policy_names
+
+GPUSHARE = Path(sys.executable).parent / "gpushare"
+
+
+def test_unknown_policy_is_refused_at_once_with_the_allowed_names(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = subprocess.run([str(GPUSHARE), "demo", "--policy", "bogus", "--workdir", str(tmp_path / "demo")],
+                            capture_output=True, text=True, timeout=60, check=False)
+    elapsed = time.monotonic() - started
+    assert result.returncode != 0
+    assert elapsed < 5, f"took {elapsed:.1f} s"
+    assert "--policy 'bogus' is not a placement policy" in result.stderr
+    assert ", ".join(policy_names()) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "demo").exists(), "nothing should start, not even the work folder"
+
+
+def test_a_component_that_dies_is_reported_with_the_end_of_its_log(tmp_path: Path) -> None:
+    # run_demo itself does not validate the policy, so the extender process gets it and exits.
+    started = time.monotonic()
+    with pytest.raises(RuntimeError) as caught:
+        run_demo(tmp_path, "bogus")
+    message = str(caught.value)
+    assert "extender exited with code 2 while the demo waited for the extender to be ready" in message
+    assert f"last lines of {tmp_path / 'extender.log'}" in message
+    assert "Unknown placement policy 'bogus'" in message
+    assert time.monotonic() - started < 30
