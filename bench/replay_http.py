@@ -44,7 +44,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench import openb, replay
 from gpushare.clusterspec import ClusterSpec
 from gpushare.contract import (
+    ANN_GPU_COUNT,
     ANN_NODE_INVENTORY,
+    RESOURCE_GPU_COUNT,
     RESOURCE_GPU_MEM,
     MemoryUnit,
     decode_inventory,
@@ -86,13 +88,26 @@ class Comparison:
 
 
 def pod_manifest(pod: openb.TracePod) -> client.V1Pod:
-    """The pod as a user would submit it: the containers, limits and annotations of ``TracePod.pod_info``."""
+    """The pod as a user would submit it: the containers, limits and annotations of ``TracePod.pod_info``.
+
+    The GPU count moves from the container limits to the ``gpushare.io/gpu-count`` annotation, as the README
+    recommends: kube-scheduler counts ``aliyun.com/gpu-count`` limits against the node's GPU count, so a pod
+    sharing a GPU would hold it whole there. The request the extender reads is the same.
+    """
     info = pod.pod_info()
-    containers = [client.V1Container(name=c.name, image=IMAGE, resources=client.V1ResourceRequirements(
-        limits=dict(c.limits), requests=dict(c.requests))) for c in info.containers]
+    annotations = dict(info.annotations)
+    containers = []
+    for c in info.containers:
+        limits, requests = dict(c.limits), dict(c.requests)
+        count = limits.pop(RESOURCE_GPU_COUNT, None)
+        requests.pop(RESOURCE_GPU_COUNT, None)
+        if count is not None:
+            annotations[ANN_GPU_COUNT] = count
+        containers.append(client.V1Container(name=c.name, image=IMAGE, resources=client.V1ResourceRequirements(
+            limits=limits, requests=requests)))
     return client.V1Pod(api_version="v1", kind="Pod",
                         metadata=client.V1ObjectMeta(name=info.name, namespace=info.namespace,
-                                                     annotations=dict(info.annotations) or None),
+                                                     annotations=annotations or None),
                         spec=client.V1PodSpec(containers=containers, restart_policy="Never"))
 
 
@@ -127,7 +142,7 @@ def extender_process(kubeconfig: Path, seed_file: Path, policy: str, seed: int, 
     with log_file.open("w") as log:
         process = subprocess.Popen(command, stderr=log, cwd=openb.REPO_ROOT)
     try:
-        url = _wait_for_url(process, log_file)
+        url = wait_for_url(process, log_file)
         deadline = time.monotonic() + START_TIMEOUT_S
         while httpx.get(url + "/readyz").status_code != 200:
             if time.monotonic() > deadline:
@@ -143,7 +158,7 @@ def extender_process(kubeconfig: Path, seed_file: Path, policy: str, seed: int, 
             process.wait()
 
 
-def _wait_for_url(process: subprocess.Popen[bytes], log_file: Path) -> str:
+def wait_for_url(process: subprocess.Popen[bytes], log_file: Path) -> str:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         for line in log_file.read_text().splitlines():
@@ -179,8 +194,9 @@ def replay_over_http(trace_nodes: Sequence[openb.TraceNode], trace_pods: Sequenc
         kubeconfig = cluster.write_kubeconfig(workdir / "kubeconfig")
         with extender_process(kubeconfig, seed_file, policy, seed, workdir / "extender.log") as url:
             # Weight 1 and no other scorer: the extender's single 10 picks the node; ties cannot arise.
+            # Every node is a candidate (percentageOfNodesToScore 100), as in the in-process replay.
             with SchedulerLoop(cluster.api_client(), url + "/gpushare-scheduler", weight=1, seed=seed,
-                               extender_for_all_pods=True) as loop:
+                               extender_for_all_pods=True, percentage_of_nodes_to_score=100) as loop:
                 started = time.perf_counter()
                 for pod in order:
                     core.create_namespaced_pod(openb.NAMESPACE, pod_manifest(pod), _preload_content=False)

@@ -7,6 +7,7 @@ from typing import Any
 
 from extender.placement import PolicyBook, RequestCache
 from extender.wire import NODE_NAMES_SHAPE, BadRequest, ExtenderArgs, filter_result
+from gpushare.cache.fitindex import shape_key
 from gpushare.cache.state import ClusterCache
 from gpushare.model import Node
 from gpushare.policies import extender_scores
@@ -56,6 +57,8 @@ class Verbs:
             candidate = policy.evaluate(node, wanted)
             return None if candidate is None else candidate.score
 
-        raw = self.cache.evaluate(names, score)
+        # A node's score changes only with its state, the pod's shape and what the policy has learned.
+        key = (policy.name, shape_key(wanted), self.book.workload.version)
+        raw = self.cache.evaluate_memoised(names, key, score)
         scores = extender_scores({n: s for n, s in raw.items() if s is not None}, self.tie_seed)
         return [{"Host": name, "Score": scores.get(name, 0)} for name in names]

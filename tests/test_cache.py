@@ -273,3 +273,23 @@ def test_repeated_filters_follow_every_change() -> None:
     assert cache.filter(list(names), request).passed == ["a", "b"]
     cache.delete_node("b")
     assert cache.filter(list(names), request).passed == ["a"]
+
+
+def test_memoised_answers_last_until_the_node_changes() -> None:
+    cache = ClusterCache()
+    cache.upsert_node(node_info("n1", [16384]))
+    cache.upsert_node(node_info("n2", [16384]))
+    reads: list[str] = []
+
+    def free(node: Node) -> int:
+        reads.append(node.name)
+        return node.gpus[0].free
+
+    assert cache.evaluate_memoised(["n1", "n2", "gone"], "k", free) == {"n1": 16, "n2": 16, "gone": None}
+    assert cache.evaluate_memoised(["n1", "n2"], "k", free) == {"n1": 16, "n2": 16}
+    assert reads == ["n1", "n2"]  # the second pass was all lookups
+    request = parse_request(gpu_pod("p", 4))
+    cache.reserve("n1", "default/p", "uid-p", request, lambda node: binpack(node, request))
+    assert cache.evaluate_memoised(["n1", "n2"], "k", free) == {"n1": 12, "n2": 16}
+    assert cache.evaluate_memoised(["n1"], "other key", free) == {"n1": 12}
+    assert reads == ["n1", "n2", "n1", "n1"]  # only the changed node, and the new key, were read again

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from itertools import filterfalse
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from gpushare.cache.fitindex import MAX_FIT_SETS, FilterOutcome, FitSet, NodeSummary, fit_check, shape_key, summarise
 from gpushare.contract import MemoryUnit, NodeInfo, PodInfo, PodRequest, read_assignment
@@ -31,7 +31,11 @@ log = logging.getLogger(__name__)
 # Distinct request shapes whose failure messages a node remembers until its state changes.
 MAX_REMEMBERED_REASONS = 64
 
+# Distinct keys (policy, request shape, learned-workload version) whose answers a node remembers until it changes.
+MAX_REMEMBERED_ANSWERS = 64
+
 T = TypeVar("T")
+_UNKNOWN = object()
 
 
 class ReservationError(Exception):
@@ -53,7 +57,7 @@ class Reservation:
 class _Entry:
     """One node: its API view (``None`` once deleted or before it was seen) and its accounted state."""
 
-    __slots__ = ("info", "lock", "name", "reasons", "state")
+    __slots__ = ("info", "lock", "memo", "name", "reasons", "state")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -61,6 +65,7 @@ class _Entry:
         self.info: NodeInfo | None = None
         self.state = Node(name=name, gpus=[])
         self.reasons: dict[tuple[Any, ...], tuple[bool, str]] = {}
+        self.memo: dict[Hashable, Any] = {}
 
 
 class ClusterCache:
@@ -160,6 +165,32 @@ class ClusterCache:
         for name in names:
             with self.locked(name) as node:
                 out[name] = None if node is None else read(node)
+        return out
+
+    def evaluate_memoised(self, names: Iterable[str], key: Hashable, read: Callable[[Node], T]) -> dict[str, T | None]:
+        """``evaluate``, remembering each node's answer under ``key`` until that node changes.
+
+        ``read`` must depend on nothing but the node's state and what ``key`` names (for a score: the policy,
+        the request's shape and the version of what the policy learned). kube-scheduler sends the same nodes
+        for pod after pod and few of them change in between, so most answers are a dictionary lookup.
+        """
+        out: dict[str, T | None] = {}
+        for name in names:
+            entry = self._entries.get(name)
+            if entry is None:
+                out[name] = None
+                continue
+            known = entry.memo.get(key, _UNKNOWN)  # lock-free: at worst the answer from just before a change
+            if known is _UNKNOWN:
+                with entry.lock:
+                    if entry.info is None:
+                        out[name] = None
+                        continue
+                    known = read(entry.state)
+                    if len(entry.memo) >= MAX_REMEMBERED_ANSWERS:
+                        entry.memo.clear()
+                    entry.memo[key] = known
+            out[name] = cast(T, known)
         return out
 
     # -- reservations --------------------------------------------------------------------------------------
@@ -345,6 +376,7 @@ class ClusterCache:
     def _refresh(self, entry: _Entry) -> None:
         """Republish the node's summary and its place in every fit set; call with its lock held after any change."""
         entry.reasons.clear()
+        entry.memo.clear()
         name = entry.name
         summary = None if entry.info is None else summarise(entry.state)
         if summary is None:

@@ -1,13 +1,24 @@
 """A scheduler loop that places pending pods the way kube-scheduler does with an HTTP extender.
 
-What it reproduces: the pod's CPU, memory and pod-count requests checked against each Ready, schedulable
-node's allocatable minus the pods already there; then, only for pods that ask for a resource the
-extender manages (``aliyun.com/gpu-mem`` / ``aliyun.com/gpu-count`` in requests or limits of containers
-or init containers), POST ``<url>/filter`` (``NodeNames`` when nodeCacheCapable, else the full
-``Nodes``), POST ``<url>/prioritize`` (skipped when one node is left, as kube-scheduler does; its errors
-are ignored, as kube-scheduler does), the best ``weight`` x score (ties drawn with a seedable RNG), and
-POST ``<url>/bind``. A non-200 status or a non-empty ``Error`` fails the attempt: the pod gets a
-FailedScheduling Event and is retried with backoff (1 s doubling to 10 s).
+What it reproduces (kube-scheduler v1.35, see ../shared/REFERENCE.md section 1b):
+
+* **One pod at a time.** The scheduling cycle is serial; only binds run in the background, one thread per
+  pod in flight, while the next pods are scheduled. A pod is *assumed* on its node as soon as the cycle
+  picks it, so the next cycle already counts it; a failed bind forgets it and sends the pod to backoff.
+* **Its own fit check first**: the pod's CPU, memory, pod-count and extended-resource requests
+  (``aliyun.com/gpu-mem``, ``aliyun.com/gpu-count``: kube-scheduler accounts them because the extender's
+  ``managedResources`` are not ``ignoredByScheduler``) against each Ready, schedulable node's allocatable
+  minus the pods already there. Like kube-scheduler it stops at ``numFeasibleNodesToFind`` feasible nodes
+  (all below 100 nodes, else ``percentageOfNodesToScore``, adaptive ``max(5, 50 - N/125)`` when 0, at least
+  100), starting where the previous cycle stopped.
+* Then, only for pods that ask for a resource the extender manages (in requests or limits of containers or
+  init containers), POST ``<url>/filter`` with those nodes (``NodeNames`` when nodeCacheCapable, else the full
+  ``Nodes``), POST ``<url>/prioritize`` (skipped when one node is left; its errors are ignored), the best
+  ``weight`` x score (ties drawn with a seedable RNG), and POST ``<url>/bind``. A non-200 status or a non-empty
+  ``Error`` fails the attempt: the pod gets a FailedScheduling Event and is retried with backoff (1 s doubling
+  to 10 s). Events are written in the background, as kube-scheduler's event broadcaster does.
+* **Without an extender** (``extender_url=None``) every pod is placed by the loop's own checks and bound
+  directly: the floor that the extender's cost is measured against.
 
 What it leaves out: kube-scheduler's own scoring plugins (only the extender scores nodes), taints,
 affinity, topology spread and preemption. Pods that request no GPU are bound directly by this loop to a
@@ -24,19 +35,20 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import orjson
 from kubernetes import client
 
-from gpushare.contract import RequestError, host_requests, requests_gpu
+from gpushare.contract import MANAGED_RESOURCES, ContainerInfo, PodInfo, RequestError, host_requests, requests_gpu
 from gpushare.kube.api import Kube, KubeError, Obj
 from gpushare.kube.convert import pod_info
 from gpushare.kube.informer import Informer
-from gpushare.quantity import capacity_amount
+from gpushare.quantity import QuantityError, capacity_amount, to_int
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +59,22 @@ MAX_EXTENDER_PRIORITY = 10
 INITIAL_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 10.0
 SYNC_TIMEOUT_S = 30.0
+# kube-scheduler's bounds on how many feasible nodes a cycle looks for (schedule_one.go).
+MIN_FEASIBLE_NODES_TO_FIND = 100
+MIN_FEASIBLE_NODES_PERCENTAGE_TO_FIND = 5
+# Binds in flight at once. kube-scheduler starts a goroutine per pod without a limit; threads cost more, and
+# a few dozen already exceed what one API server (or extender) answers concurrently.
+MAX_BINDS_IN_FLIGHT = 64
+
+
+def num_feasible_nodes_to_find(all_nodes: int, percentage_of_nodes_to_score: int = 0) -> int:
+    """kube-scheduler's ``numFeasibleNodesToFind``: how many feasible nodes one cycle looks for."""
+    if all_nodes < MIN_FEASIBLE_NODES_TO_FIND:
+        return all_nodes
+    percentage = percentage_of_nodes_to_score
+    if percentage == 0:
+        percentage = max(50 - all_nodes // 125, MIN_FEASIBLE_NODES_PERCENTAGE_TO_FIND)
+    return max(all_nodes * percentage // 100, MIN_FEASIBLE_NODES_TO_FIND)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +91,15 @@ class ScheduleResult:
 
 
 @dataclass(slots=True)
+class LoopStats:
+    """What the loop measured, for benchmarks: the extender's time per cycle and each bind's latency."""
+
+    extender_ms: list[float] = field(default_factory=list)
+    """Filter plus prioritize, as the loop waited for them, per cycle that called the extender."""
+    bind_ms: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class _HostNode:
     """What the loop's own checks read from a node, plus the raw object for nodeCacheCapable: false."""
 
@@ -70,9 +107,19 @@ class _HostNode:
     cpu_milli: int
     memory_mib: int
     pods: int
+    extended: Mapping[str, int]
     ready: bool
     unschedulable: bool
     raw: Obj
+
+
+@dataclass(frozen=True, slots=True)
+class _Requests:
+    """What a pod takes from its node, as kube-scheduler's NodeResourcesFit counts it."""
+
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    extended: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -80,6 +127,27 @@ class _Usage:
     cpu_milli: int = 0
     memory_mib: int = 0
     pods: int = 0
+    extended: Counter[str] = field(default_factory=Counter)
+
+
+def _extended_units(container: ContainerInfo, resource: str) -> int:
+    # The API server has already refused malformed quantities; a container's requests default to its limits.
+    try:
+        return to_int(container.requests.get(resource, container.limits.get(resource, "0")))
+    except QuantityError:
+        return 0
+
+
+def _requests(pod: PodInfo) -> _Requests:
+    """CPU, memory and the extended resources gpushare manages, init containers counted as a maximum."""
+    cpu, memory = host_requests(pod)
+    extended: dict[str, int] = {}
+    for resource in MANAGED_RESOURCES:
+        total = sum(_extended_units(c, resource) for c in pod.containers)
+        total = max([total, *(_extended_units(c, resource) for c in pod.init_containers)])
+        if total:
+            extended[resource] = total
+    return _Requests(cpu, memory, extended)
 
 
 def _host_node(obj: Obj) -> _HostNode:
@@ -91,7 +159,8 @@ def _host_node(obj: Obj) -> _HostNode:
     ready = not ready_conditions or ready_conditions[0].get("status") == "True"
     return _HostNode(name=obj["metadata"]["name"], cpu_milli=capacity_amount(allocatable, "cpu"),
                      memory_mib=capacity_amount(allocatable, "memory"),
-                     pods=capacity_amount(allocatable, "pods"), ready=ready,
+                     pods=capacity_amount(allocatable, "pods"),
+                     extended={r: capacity_amount(allocatable, r) for r in MANAGED_RESOURCES}, ready=ready,
                      unschedulable=bool((obj.get("spec") or {}).get("unschedulable")), raw=obj)
 
 
@@ -107,37 +176,47 @@ def _pod_key(obj: Obj) -> str:
 
 
 class SchedulerLoop:
-    """Schedules the local cluster's pending pods through a gpushare extender over HTTP.
+    """Schedules the local cluster's pending pods through a gpushare extender over HTTP (or, without one, alone).
 
-    ``schedule_pod`` and ``schedule_once`` work synchronously without ``start``; ``start`` adds a worker
-    that schedules pending pods as they appear, with backoff for those that fail.
+    ``schedule_pod`` and ``schedule_once`` work synchronously without ``start`` (cycle and bind, one pod after the
+    other); ``start`` adds a worker that runs kube-scheduler's pattern: serial cycles, binds in the background,
+    backoff for pods that fail.
     """
 
-    def __init__(self, api_client: client.ApiClient, extender_url: str, weight: int = 1,
-                 node_cache_capable: bool = True, seed: int | None = None, extender_for_all_pods: bool = False) -> None:
+    def __init__(self, api_client: client.ApiClient, extender_url: str | None, weight: int = 1,
+                 node_cache_capable: bool = True, seed: int | None = None, extender_for_all_pods: bool = False,
+                 percentage_of_nodes_to_score: int = 0) -> None:
         self._kube = Kube.from_api_client(api_client)
-        self._url = extender_url.rstrip("/")
+        self._url = extender_url.rstrip("/") if extender_url is not None else None
         self.weight = weight
         self.node_cache_capable = node_cache_capable
         self.extender_for_all_pods = extender_for_all_pods
+        self.percentage_of_nodes_to_score = percentage_of_nodes_to_score
         self._rng = random.Random(seed)
-        self._http = httpx.Client(timeout=EXTENDER_TIMEOUT_S, headers={"Content-Type": "application/json"})
+        self._http = httpx.Client(timeout=EXTENDER_TIMEOUT_S, headers={"Content-Type": "application/json"},
+                                  limits=httpx.Limits(max_connections=MAX_BINDS_IN_FLIGHT + 1))
         self._lock = threading.Lock()
         self._nodes: dict[str, _HostNode] = {}
-        self._bound: dict[str, tuple[str, int, int]] = {}
+        self._node_order: list[str] = []
+        self._next_start = 0
+        self._bound: dict[str, tuple[str, _Requests]] = {}
         self._usage: dict[str, _Usage] = {}
         self._pending: dict[str, Obj] = {}
+        self._binding: set[str] = set()
         self._backoff: dict[str, float] = {}
         self._queue: list[tuple[float, str]] = []
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._schedule_lock = threading.Lock()
         self._worker: threading.Thread | None = None
+        self._binds = ThreadPoolExecutor(MAX_BINDS_IN_FLIGHT, thread_name_prefix="scheduler-bind")
+        self._events = ThreadPoolExecutor(1, thread_name_prefix="scheduler-events")
         self._node_informer = Informer(self._kube.nodes.list_call, on_sync=self._sync_nodes,
                                        on_event=self._node_event, kind="nodes")
         self._pod_informer = Informer(self._kube.pods.list_call, on_sync=self._sync_pods,
                                       on_event=self._pod_event, kind="pods")
         self._watching = False
+        self.stats = LoopStats()
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
@@ -154,6 +233,8 @@ class SchedulerLoop:
         if self._worker is not None:
             self._worker.join(timeout=10)
             self._worker = None
+        self._binds.shutdown(wait=True)
+        self._events.shutdown(wait=True)
         if self._watching:
             self._pod_informer.stop()
             self._node_informer.stop()
@@ -178,7 +259,7 @@ class SchedulerLoop:
     # -- scheduling ----------------------------------------------------------------------------------------
 
     def schedule_once(self) -> list[ScheduleResult]:
-        """Try every pending pod once, highest priority and oldest first."""
+        """Try every pending pod once, highest priority and oldest first, each bound before the next."""
         self._ensure_watching()
         with self._lock:
             pending = sorted(self._pending.values(), key=_queue_order)
@@ -186,76 +267,94 @@ class SchedulerLoop:
                 for obj in pending]
 
     def schedule_pod(self, name: str, namespace: str = "default") -> ScheduleResult:
-        """Schedule one pod now; on failure record a FailedScheduling Event and return the message."""
+        """Schedule one pod now, bind included; on failure record a FailedScheduling Event and return why."""
         self._ensure_watching()
         key = f"{namespace}/{name}"
+        try:
+            obj = self._kube.pods.read(namespace, name)
+        except KubeError as exc:
+            return ScheduleResult(key, None, str(exc))
+        bound = (obj.get("spec") or {}).get("nodeName")
+        if bound:
+            return ScheduleResult(key, bound, f"pod {key} is already bound to node {bound}")
+        if not _holds_resources(obj):
+            return ScheduleResult(key, None, f"pod {key} is terminating or has finished")
         with self._schedule_lock:
-            try:
-                obj = self._kube.pods.read(namespace, name)
-            except KubeError as exc:
-                return ScheduleResult(key, None, str(exc))
-            bound = (obj.get("spec") or {}).get("nodeName")
-            if bound:
-                return ScheduleResult(key, bound, f"pod {key} is already bound to node {bound}")
-            if not _holds_resources(obj):
-                return ScheduleResult(key, None, f"pod {key} is terminating or has finished")
-            node, message = self._decide_and_bind(obj)
-            if node is None:
-                self._kube.pods.record_event(namespace, name, str(obj["metadata"].get("uid") or ""),
-                                             reason="FailedScheduling", message=message, component=COMPONENT)
-                log.info("pod not scheduled", extra={"pod": key, "reason": message})
-                return ScheduleResult(key, None, message)
-            self._kube.pods.record_event(namespace, name, str(obj["metadata"].get("uid") or ""), reason="Scheduled",
-                                         message=message, component=COMPONENT, event_type="Normal")
-            return ScheduleResult(key, node, message)
+            node, message, requests = self._cycle(obj)
+        if node is None or requests is None:
+            return self._failed(obj, message)
+        return self._bind(obj, node, requests)
 
-    def _decide_and_bind(self, obj: Obj) -> tuple[str | None, str]:
+    def _cycle(self, obj: Obj) -> tuple[str | None, str, _Requests | None]:
+        """One scheduling cycle: the node for the pod, assumed there at once; or ``None`` and why not."""
         pod = pod_info(obj)
         try:
-            cpu, memory = host_requests(pod)
+            requests = _requests(pod)
             wants_gpu = requests_gpu(pod)
         except RequestError as exc:
-            return None, str(exc)
-        feasible, reasons = self._host_feasible(cpu, memory)
-        total = len(self._nodes)
+            return None, str(exc), None
+        feasible, reasons, total = self._host_feasible(requests)
         if not feasible:
-            return None, _unavailable(total, reasons)
-        if not wants_gpu and not self.extender_for_all_pods:
+            return None, _unavailable(total, reasons), None
+        if self._url is None or (not wants_gpu and not self.extender_for_all_pods):
             with self._lock:
                 best = min(feasible, key=lambda n: (self._usage.get(n.name, _Usage()).cpu_milli / max(n.cpu_milli, 1),
                                                     n.name))
-            return self._bind_directly(obj, best.name, cpu, memory)
+            self._assume(_pod_key(obj), best.name, requests)
+            return best.name, "", requests
+        asked = time.perf_counter()
         names, failed, error = self._filter(obj, feasible)
         if error:
-            return None, error
+            return None, error, None
         reasons.update(failed)
         if not names:
-            return None, _unavailable(total, reasons)
+            return None, _unavailable(total, reasons), None
         scores = self._prioritize(obj, feasible, names) if len(names) > 1 else {}
+        self.stats.extender_ms.append(1000 * (time.perf_counter() - asked))
         top = max(scores.get(n, 0) for n in names)
         best_name = self._rng.choice([n for n in names if scores.get(n, 0) == top])
-        return self._bind_with_extender(obj, best_name, cpu, memory)
+        self._assume(_pod_key(obj), best_name, requests)
+        return best_name, "", requests
 
-    def _host_feasible(self, cpu: int, memory: int) -> tuple[list[_HostNode], Counter[str]]:
-        """kube-scheduler's own checks: node Ready and schedulable, requests within allocatable."""
-        feasible = []
+    def _host_feasible(self, requests: _Requests) -> tuple[list[_HostNode], Counter[str], int]:
+        """kube-scheduler's own checks, stopping at ``numFeasibleNodesToFind`` nodes; also the node count."""
+        feasible: list[_HostNode] = []
         reasons: Counter[str] = Counter()
         with self._lock:
-            for node in self._nodes.values():
-                used = self._usage.get(node.name, _Usage())
-                if not node.ready:
-                    reasons["node(s) were not ready"] += 1
-                elif node.unschedulable:
-                    reasons["node(s) were unschedulable"] += 1
-                elif node.pods and used.pods + 1 > node.pods:
-                    reasons["Too many pods"] += 1
-                elif cpu and used.cpu_milli + cpu > node.cpu_milli:
-                    reasons["Insufficient cpu"] += 1
-                elif memory and used.memory_mib + memory > node.memory_mib:
-                    reasons["Insufficient memory"] += 1
-                else:
+            order = self._node_order
+            total = len(order)
+            wanted = num_feasible_nodes_to_find(total, self.percentage_of_nodes_to_score)
+            processed = 0
+            for i in range(total):
+                if len(feasible) >= wanted:
+                    break
+                node = self._nodes[order[(self._next_start + i) % total]]
+                processed += 1
+                reason = self._misfit(node, requests)
+                if reason is None:
                     feasible.append(node)
-        return feasible, reasons
+                else:
+                    reasons[reason] += 1
+            if total:
+                self._next_start = (self._next_start + processed) % total
+        return feasible, reasons, total
+
+    def _misfit(self, node: _HostNode, requests: _Requests) -> str | None:
+        used = self._usage.get(node.name) or _Usage()
+        if not node.ready:
+            return "node(s) were not ready"
+        if node.unschedulable:
+            return "node(s) were unschedulable"
+        if node.pods and used.pods + 1 > node.pods:
+            return "Too many pods"
+        if requests.cpu_milli and used.cpu_milli + requests.cpu_milli > node.cpu_milli:
+            return "Insufficient cpu"
+        if requests.memory_mib and used.memory_mib + requests.memory_mib > node.memory_mib:
+            return "Insufficient memory"
+        for resource, amount in requests.extended.items():
+            if used.extended[resource] + amount > node.extended.get(resource, 0):
+                return f"Insufficient {resource}"
+        return None
 
     def _call(self, verb: str, payload: Any) -> tuple[Any, str]:
         """POST a verb; the decoded answer, or an error sentence as kube-scheduler would report it."""
@@ -304,65 +403,107 @@ class SchedulerLoop:
         return {str(h["Host"]): int(h["Score"]) * self.weight * scale for h in answer
                 if isinstance(h, dict) and h.get("Host") in keep}
 
-    def _bind_with_extender(self, obj: Obj, node: str, cpu: int, memory: int) -> tuple[str | None, str]:
+    def _bind(self, obj: Obj, node: str, requests: _Requests) -> ScheduleResult:
+        """Bind an assumed pod (through the extender when it binds GPU pods); forget the assumption on failure."""
         meta = obj["metadata"]
-        answer, error = self._call("bind", {"PodName": meta["name"], "PodNamespace": meta.get("namespace") or "default",
-                                            "PodUID": meta.get("uid") or "", "Node": node})
+        key = _pod_key(obj)
+        namespace, uid = meta.get("namespace") or "default", str(meta.get("uid") or "")
+        error = ""
+        started = time.perf_counter()
+        if self._url is not None and (self.extender_for_all_pods or requests.extended):
+            answer, error = self._call("bind", {"PodName": meta["name"], "PodNamespace": namespace, "PodUID": uid,
+                                                "Node": node})
+            if not error and isinstance(answer, dict) and answer.get("Error"):
+                error = str(answer["Error"])
+        else:
+            try:
+                self._kube.pods.bind(namespace, meta["name"], uid, node)
+            except KubeError as exc:
+                error = str(exc)
+        self.stats.bind_ms.append(1000 * (time.perf_counter() - started))
         if error:
-            return None, error
-        if isinstance(answer, dict) and answer.get("Error"):
-            return None, str(answer["Error"])
-        self._assume(_pod_key(obj), node, cpu, memory)
-        return node, f"Successfully assigned {_pod_key(obj)} to {node}"
+            self._forget(key, obj)
+            return self._failed(obj, error)
+        message = f"Successfully assigned {key} to {node}"
+        self._event(obj, "Scheduled", message, "Normal")
+        return ScheduleResult(key, node, message)
 
-    def _bind_directly(self, obj: Obj, node: str, cpu: int, memory: int) -> tuple[str | None, str]:
+    def _failed(self, obj: Obj, message: str) -> ScheduleResult:
+        key = _pod_key(obj)
+        self._event(obj, "FailedScheduling", message, "Warning")
+        log.info("pod not scheduled", extra={"pod": key, "reason": message[:500]})
+        return ScheduleResult(key, None, message)
+
+    def _event(self, obj: Obj, reason: str, message: str, event_type: str) -> None:
+        """Record an Event in the background, as kube-scheduler's broadcaster does: never in the cycle's way."""
         meta = obj["metadata"]
-        try:
-            self._kube.pods.bind(meta.get("namespace") or "default", meta["name"], str(meta.get("uid") or ""), node)
-        except KubeError as exc:
-            return None, str(exc)
-        self._assume(_pod_key(obj), node, cpu, memory)
-        return node, f"Successfully assigned {_pod_key(obj)} to {node}"
+        self._events.submit(self._kube.pods.record_event, meta.get("namespace") or "default", meta["name"],
+                            str(meta.get("uid") or ""), reason=reason, message=message, component=COMPONENT,
+                            event_type=event_type)
+
+    def bound_pods(self) -> int:
+        """Pods this loop's view holds bound to a node, its own binds in flight excluded."""
+        with self._lock:
+            return len(self._bound) - len(self._binding)
+
+    def wait_for_events(self) -> None:
+        """Return once every Event recorded so far has been written (tests read them back)."""
+        self._events.submit(lambda: None).result()
 
     # -- the loop's view of the cluster --------------------------------------------------------------------
 
-    def _assume(self, key: str, node: str, cpu: int, memory: int) -> None:
+    def _assume(self, key: str, node: str, requests: _Requests) -> None:
         """Count a pod on its node at once, as kube-scheduler's assume cache does, before the watch shows it."""
         with self._lock:
-            self._account(key, (node, cpu, memory))
+            self._account(key, (node, requests))
             self._pending.pop(key, None)
-            self._backoff.pop(key, None)
+            self._binding.add(key)
 
-    def _account(self, key: str, entry: tuple[str, int, int] | None) -> None:
+    def _forget(self, key: str, obj: Obj) -> None:
+        """Undo ``_assume`` after a failed bind; the pod is pending again, as the API still says."""
+        with self._lock:
+            if key not in self._binding:
+                return  # the watch already shows the pod bound: the bind went through, only its answer failed
+            self._binding.discard(key)
+            self._account(key, None)
+            self._pending[key] = obj
+
+    def _account(self, key: str, entry: tuple[str, _Requests] | None) -> None:
         old = self._bound.pop(key, None)
         if old is not None:
             usage = self._usage[old[0]]
-            usage.cpu_milli -= old[1]
-            usage.memory_mib -= old[2]
+            usage.cpu_milli -= old[1].cpu_milli
+            usage.memory_mib -= old[1].memory_mib
+            usage.extended.subtract(old[1].extended)
             usage.pods -= 1
         if entry is not None:
             self._bound[key] = entry
             usage = self._usage.setdefault(entry[0], _Usage())
-            usage.cpu_milli += entry[1]
-            usage.memory_mib += entry[2]
+            usage.cpu_milli += entry[1].cpu_milli
+            usage.memory_mib += entry[1].memory_mib
+            usage.extended.update(entry[1].extended)
             usage.pods += 1
 
     def _sync_nodes(self, items: list[Obj]) -> None:
         with self._lock:
             self._nodes = {n.name: n for n in map(_host_node, items)}
+            self._node_order = list(self._nodes)
 
     def _node_event(self, kind: str, obj: Obj) -> None:
         with self._lock:
+            name = obj["metadata"]["name"]
             if kind == "DELETED":
-                self._nodes.pop(obj["metadata"]["name"], None)
+                if self._nodes.pop(name, None) is not None:
+                    self._node_order.remove(name)
             else:
-                node = _host_node(obj)
-                self._nodes[node.name] = node
+                if name not in self._nodes:
+                    self._node_order.append(name)
+                self._nodes[name] = _host_node(obj)
         self._wake.set()
 
     def _sync_pods(self, items: list[Obj]) -> None:
         with self._lock:
-            for key in list(self._bound):
+            for key in [k for k in self._bound if k not in self._binding]:
                 self._account(key, None)
             self._pending.clear()
             for obj in items:
@@ -376,6 +517,7 @@ class SchedulerLoop:
                 self._account(key, None)
                 self._pending.pop(key, None)
                 self._backoff.pop(key, None)
+                self._binding.discard(key)
             else:
                 self._track(obj)
         self._wake.set()
@@ -388,11 +530,15 @@ class SchedulerLoop:
             self._pending.pop(key, None)
         elif node:
             try:
-                cpu, memory = host_requests(pod_info(obj))
+                requests = _requests(pod_info(obj))
             except RequestError:
-                cpu = memory = 0
-            self._account(key, (node, cpu, memory))
+                requests = _Requests()
+            self._account(key, (node, requests))
             self._pending.pop(key, None)
+            self._backoff.pop(key, None)
+            self._binding.discard(key)
+        elif key in self._binding:
+            return  # assumed by a cycle; its bind is in flight and settles it
         else:
             if key not in self._pending and key not in self._backoff:
                 heapq.heappush(self._queue, (0.0, key))
@@ -405,14 +551,32 @@ class SchedulerLoop:
             key = self._next_ready()
             if key is None:
                 continue
-            namespace, _, name = key.partition("/")
+            with self._lock:
+                obj = self._pending.get(key)
+            if obj is None:
+                continue
             try:
-                result = self.schedule_pod(name, namespace)
+                with self._schedule_lock:
+                    node, message, requests = self._cycle(obj)
             except Exception:  # the loop must survive anything one pod does
                 log.exception("scheduling a pod failed unexpectedly", extra={"pod": key})
-                result = ScheduleResult(key, None, "unexpected error")
-            if not result.scheduled:
+                node, message, requests = None, "unexpected error", None
+            if node is None or requests is None:
+                self._failed(obj, message)
                 self._retry_later(key)
+                continue
+            self._binds.submit(self._bind_in_background, obj, node, requests)
+
+    def _bind_in_background(self, obj: Obj, node: str, requests: _Requests) -> None:
+        try:
+            result = self._bind(obj, node, requests)
+        except Exception:
+            log.exception("binding a pod failed unexpectedly", extra={"pod": _pod_key(obj)})
+            self._forget(_pod_key(obj), obj)
+            result = ScheduleResult(_pod_key(obj), None, "unexpected error")
+        if not result.scheduled:
+            self._retry_later(result.pod)
+            self._wake.set()
 
     def _next_ready(self) -> str | None:
         """The next pod whose backoff has passed, waiting at most until then (or a watch event)."""

@@ -1,0 +1,244 @@
+"""GPU scheduling throughput end to end, driven the way kube-scheduler drives an extender, against its floor.
+
+    .venv/bin/python -m bench.bench_throughput [--nodes 5000,15000] [--pods 10000] [--policies all]
+                                               [--data ../shared/data/openb] [--seed 42]
+
+For each cluster size a local API server holds ``--nodes`` nodes of 8 x 16 GiB GPUs. ``--pods`` pending pods are
+created first, their GPU shapes drawn from the openb trace (fractional, whole-GPU and multi-GPU pods, in the
+trace's proportions; memory = the trace's GPU fraction x 16 GiB, at least 1 GiB; model constraints dropped,
+since every GPU here is the same). Then the local cluster's scheduler loop schedules them all with
+kube-scheduler's pattern (serial cycles over the first ``numFeasibleNodesToFind`` feasible nodes from a
+rotating start, prioritize when more than one node passed, binds in the background):
+
+* **floor**: the same loop with no extender (it accounts ``aliyun.com/gpu-mem`` itself and binds directly);
+* **one row per policy**: the extender as its own process, filter + prioritize + bind over HTTP.
+
+Reported per row: pods/s from the loop's start to the last bind, the ratio to the floor of the same run, the
+extender's time per pod (filter + prioritize as the loop saw it: median and p99), bind latency p99, the
+extender's CPU seconds per pod (bind included, from /proc) and its resident memory at the end.
+Progress goes to stderr; the table to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from kubernetes import client
+from tabulate import tabulate
+
+from bench import openb
+from bench.replay_http import wait_for_url
+from gpushare.clusterspec import ClusterSpec, GPUSpec, NodeSpec
+from gpushare.contract import ANN_GPU_COUNT, RESOURCE_GPU_MEM
+from gpushare.kube.api import Kube
+from gpushare.localcluster import LocalCluster
+from gpushare.localcluster.scheduler import SchedulerLoop
+from gpushare.policies import DEFAULT_POLICY, policy_names
+
+NODE_GPUS = 8
+GPU_GIB = 16
+MODEL = "Tesla-V100-SXM2-16GB"
+START_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    per_gpu_gib: int
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    setup: str
+    pods_per_s: float
+    scheduled: int
+    cycle_ms: tuple[float, float] | None  # filter + prioritize as the loop measured it: median, p99
+    bind_p99_ms: float | None
+    cpu_ms_per_pod: float | None
+    rss_mib: float | None
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def trace_shapes(data: Path, count: int, seed: int) -> list[Shape]:
+    """``count`` GPU shapes drawn from the trace's GPU pods, with replacement, in the trace's proportions."""
+    pods = [p for p in openb.load_pods(data) if p.num_gpu]
+    rng = random.Random(seed)
+    shapes = []
+    for pod in rng.choices(pods, k=count):
+        fraction = pod.gpu_milli / 1000
+        shapes.append(Shape(max(1, round(fraction * GPU_GIB)) if pod.num_gpu == 1 else GPU_GIB, pod.num_gpu))
+    return shapes
+
+
+def cluster(nodes: int) -> ClusterSpec:
+    gpus = [GPUSpec.model_validate({"model": MODEL, "memoryMiB": GPU_GIB * 1024, "numa": i // 4})
+            for i in range(NODE_GPUS)]
+    return ClusterSpec(nodes=[NodeSpec(name=f"node-{i:05d}", cpu="96", memory="768Gi", pods="110", gpus=gpus)
+                              for i in range(nodes)])
+
+
+def manifest(name: str, shape: Shape) -> dict[str, Any]:
+    annotations = {ANN_GPU_COUNT: str(shape.gpus)} if shape.gpus > 1 else {}
+    limits = {RESOURCE_GPU_MEM: str(shape.per_gpu_gib * shape.gpus)}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+            "spec": {"containers": [{"name": "main", "image": "registry.local/task:1",
+                                     "resources": {"limits": limits, "requests": {"cpu": "1", "memory": "2Gi"}}}]}}
+
+
+def create_pods(core: client.CoreV1Api, shapes: Sequence[Shape], prefix: str) -> None:
+    for i, shape in enumerate(shapes):
+        core.create_namespaced_pod("default", manifest(f"{prefix}-{i:05d}", shape), _preload_content=False)
+
+
+def delete_pods(kube: Kube, core: client.CoreV1Api) -> None:
+    core.delete_collection_namespaced_pod("default", grace_period_seconds=0, _preload_content=False)
+    deadline = time.monotonic() + 120
+    while kube.pods.list() and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def bound_count(kube: Kube) -> int:
+    return sum(1 for p in kube.pods.list() if (p.get("spec") or {}).get("nodeName"))
+
+
+def run_loop(local: LocalCluster, kube: Kube, url: str | None, pods: int, seed: int, what: str
+             ) -> tuple[float, int, SchedulerLoop]:
+    """Start the loop over pods that already exist; the seconds until every pod is bound (or stuck)."""
+    loop = SchedulerLoop(local.api_client(), url, seed=seed)
+    started = time.perf_counter()
+    loop.start()
+    last, last_change, done = -1, time.monotonic(), 0
+    while True:
+        time.sleep(0.25)
+        done = loop.bound_pods()
+        if done != last:
+            last, last_change = done, time.monotonic()
+            progress(f"  {what}: {done}/{pods} bound")
+        if done >= pods or time.monotonic() - last_change > 30:
+            break
+    seconds = time.perf_counter() - started
+    loop.stop()
+    return seconds, done, loop
+
+
+def proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@contextmanager
+def extender(kubeconfig: Path, policy: str, seed: int, log: Path) -> Iterator[tuple[str, int]]:
+    command = [sys.executable, "-m", "extender", "--host", "127.0.0.1", "--port", "0", "--policy", policy,
+               "--tie-seed", str(seed), "--kubeconfig", str(kubeconfig)]
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stderr=out, stdout=out)
+    try:
+        url = wait_for_url(process, log)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while httpx.get(url + "/readyz", timeout=5).status_code != 200:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"The extender did not list the cluster within {START_TIMEOUT_S:.0f} s; see {log}.")
+            time.sleep(0.2)
+        yield url, process.pid
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def measure(nodes: int, shapes: Sequence[Shape], policies: Sequence[str], seed: int, workdir: Path) -> list[Row]:
+    rows = []
+    progress(f"{nodes} nodes: starting the local API server")
+    with LocalCluster(cluster(nodes)) as local:
+        core = client.CoreV1Api(local.api_client())
+        kube = Kube.from_api_client(local.api_client())
+        kubeconfig = local.write_kubeconfig(workdir / "kubeconfig")
+        progress(f"{nodes} nodes: floor (no extender), creating {len(shapes)} pods")
+        create_pods(core, shapes, "floor")
+        seconds, done, _ = run_loop(local, kube, None, len(shapes), seed, "floor")
+        floor = done / seconds
+        rows.append(Row("floor: no extender", floor, done, None, None, None, None))
+        delete_pods(kube, core)
+        for policy in policies:
+            progress(f"{nodes} nodes: {policy}, creating {len(shapes)} pods")
+            with extender(kubeconfig, policy, seed, workdir / f"extender-{nodes}-{policy}.log") as (url, pid):
+                create_pods(core, shapes, policy)
+                cpu_before = proc_cpu_s(pid)
+                seconds, done, loop = run_loop(local, kube, url + "/gpushare-scheduler", len(shapes), seed, policy)
+                cpu = proc_cpu_s(pid) - cpu_before
+                rss = proc_rss_mib(pid)
+            cycles = loop.stats.extender_ms
+            rows.append(Row(policy, done / seconds, done,
+                            (statistics.median(cycles), percentile(cycles, 0.99)) if cycles else None,
+                            percentile(loop.stats.bind_ms, 0.99) if loop.stats.bind_ms else None,
+                            1000 * cpu / max(done, 1), rss))
+            delete_pods(kube, core)
+    return rows
+
+
+def table(nodes: int, rows: Sequence[Row]) -> str:
+    floor = rows[0].pods_per_s
+    body = []
+    for row in rows:
+        cycle = f"{row.cycle_ms[0]:.1f} / {row.cycle_ms[1]:.1f}" if row.cycle_ms else "-"
+        body.append([row.setup, f"{row.pods_per_s:.0f}", f"{row.pods_per_s / floor:.2f}", row.scheduled, cycle,
+                     "-" if row.bind_p99_ms is None else f"{row.bind_p99_ms:.1f}",
+                     "-" if row.cpu_ms_per_pod is None else f"{row.cpu_ms_per_pod:.2f}",
+                     "-" if row.rss_mib is None else f"{row.rss_mib:.0f}"])
+    headers = ["setup", "pods/s", "x floor", "bound", "filter+prioritize ms (median / p99)", "bind p99 ms",
+               "extender CPU ms/pod", "extender RSS MiB"]
+    return f"{nodes} nodes x {NODE_GPUS} GPUs\n" + tabulate(body, headers=headers, tablefmt="github")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", default="5000,15000", help="comma-separated cluster sizes")
+    parser.add_argument("--pods", type=int, default=10_000, help="pods to schedule per row")
+    parser.add_argument("--policies", default="all", help=f"comma-separated, or all ({', '.join(policy_names())})")
+    parser.add_argument("--data", type=Path, default=openb.DEFAULT_DATA, help="the openb folder (pod shapes)")
+    parser.add_argument("--seed", type=int, default=42)
+    args = parser.parse_args(argv)
+    policies = list(policy_names()) if args.policies == "all" else args.policies.split(",")
+    policies.sort(key=lambda p: p != DEFAULT_POLICY)
+    shapes = trace_shapes(args.data, args.pods, args.seed)
+    with tempfile.TemporaryDirectory(prefix="gpushare-throughput-") as tmp:
+        for nodes in (int(n) for n in args.nodes.split(",")):
+            print(table(nodes, measure(nodes, shapes, policies, args.seed, Path(tmp))), flush=True)
+            print(flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
