@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.__main__ import main, make_backend, parser
+from deviceplugin.__main__ import main
 from deviceplugin.devices import device_id, device_ids, gpus_of, units_of, uuid_of
 from deviceplugin.gpus import GPUDevice, ProcessUsage, XidEvent
 from deviceplugin.inventory import Inventory
@@ -392,17 +392,24 @@ def test_the_control_file_injects_events_and_usage(tmp_path: Path) -> None:
 # Command line
 
 
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """What the plugin's command line prints when it refuses ``argv``: one line, exit code 2, no traceback."""
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    err = capsys.readouterr().err
+    assert caught.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("gpushare-device-plugin: ")
+    return err
+
+
 def test_the_command_line_refuses_incomplete_settings_with_a_sentence(monkeypatch: pytest.MonkeyPatch,
-                                                                       tmp_path: Path) -> None:
+                                                                       tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("NODE_NAME", raising=False)
-    with pytest.raises(SystemExit, match="Set --node-name or NODE_NAME"):
-        main(["--backend", "simulated"])
-    with pytest.raises(SystemExit, match="needs --cluster FILE"):
-        make_backend(parser().parse_args(["--backend", "simulated"]), "n1")
+    assert "Set --node-name or NODE_NAME" in refused(["--backend", "simulated"], capsys)
+    simulated = ["--node-name", "n1", "--backend", "simulated"]
+    assert "needs --cluster FILE" in refused(simulated, capsys)
     described = tmp_path / "cluster.yaml"
     described.write_text("nodes: [{name: other, gpus: [{model: T4, memoryMiB: 15360}]}]\n")
-    with pytest.raises(SystemExit, match="no node named 'n1'"):
-        make_backend(parser().parse_args(["--backend", "simulated", "--cluster", str(described)]), "n1")
-    described.write_text("nodes: [{name: n1, gpus: [{model: T4}]}]\n")
-    with pytest.raises(SystemExit, match="is invalid"):
-        make_backend(parser().parse_args(["--backend", "simulated", "--cluster", str(described)]), "n1")
+    assert (f"The cluster description {described} has no node named 'n1' (the --node-name); it describes other."
+            in refused([*simulated, "--cluster", str(described)], capsys))
