@@ -100,8 +100,8 @@ def load_cluster_spec(path: str | Path) -> ClusterSpec:
     if data is None:  # an empty file describes a cluster without nodes
         data = {}
     if not isinstance(data, dict):
-        raise ClusterSpecError(f"The cluster description {path} holds a YAML {type(data).__name__} at its top level; it must "
-                               "be a mapping with a nodes: list, as in gpushare.clusterspec's example.")
+        raise ClusterSpecError(f"The cluster description {path} holds a YAML {type(data).__name__} at its top "
+                               "level; it must be a mapping with a nodes: list, as in gpushare.clusterspec's example.")
     try:
         return ClusterSpec.model_validate(data)
     except ValidationError as exc:
