@@ -60,8 +60,8 @@ class Allocator:
         self._written_at: dict[str, float] = {}
         self._handed: OrderedDict[frozenset[str], tuple[int, ...]] = OrderedDict()
 
-    def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int, number: int = 1,
-                  of: int = 1) -> list[str]:
+    def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int, number: int,
+                  of: int) -> list[str]:
         """Devices to suggest for container request ``number`` of ``of``: exactly ``size`` of ``available``,
         ``must_include`` among them."""
         gpu_of = check_preferred(available, must_include, size, number, of, self._inventory)
