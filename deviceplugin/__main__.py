@@ -13,7 +13,7 @@ from pathlib import Path
 from deviceplugin.gpus import GPUBackend
 from deviceplugin.isolation import Isolation, IsolationConfig
 from deviceplugin.plugin import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET, DevicePlugin, PluginConfig
-from gpushare.clusterspec import ClusterSpecError, load_cluster_spec
+from gpushare.clusterspec import ClusterSpecError, NodeSpec, load_cluster_spec
 from gpushare.contract import MemoryUnit
 from gpushare.kube.client import KubeConfigError, connect
 from gpushare.logs import LEVELS, configure_logging
@@ -59,31 +59,51 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def make_backend(args: argparse.Namespace, node_name: str) -> GPUBackend:
-    if args.backend == "nvml":
+class UsageError(Exception):
+    """A setting the plugin cannot start with; the text says which and what to do."""
+
+
+def load_node(args: argparse.Namespace, node_name: str) -> NodeSpec | None:
+    """The node's GPUs from the cluster description, for ``--backend simulated``; ``None`` for NVML."""
+    if args.backend != "simulated":
+        return None
+    if args.cluster is None:
+        raise UsageError("--backend simulated needs --cluster FILE, the cluster description to read GPUs from.")
+    try:
+        spec = load_cluster_spec(args.cluster)
+    except ClusterSpecError as exc:
+        raise UsageError(str(exc)) from None
+    for node in spec.nodes:
+        if node.name == node_name:
+            return node
+    names = ", ".join(n.name for n in spec.nodes[:5]) + (" and more" if len(spec.nodes) > 5 else "")
+    raise UsageError(f"The cluster description {args.cluster} has no node named {node_name[:63]!r} (the "
+                     f"--node-name); it describes {names or 'no nodes'}.")
+
+
+def make_backend(args: argparse.Namespace, node: NodeSpec | None) -> GPUBackend:
+    if node is None:
         from deviceplugin.nvml import NvmlBackend
 
         return NvmlBackend()
     from deviceplugin.simulated import SimulatedBackend
 
-    if args.cluster is None:
-        raise SystemExit("--backend simulated needs --cluster FILE, the cluster description to read GPUs from.")
-    try:
-        node = load_cluster_spec(args.cluster).node(node_name)
-    except (ClusterSpecError, KeyError) as exc:
-        raise SystemExit(str(exc).strip("'\"")) from None
     return SimulatedBackend(node, args.simulate_control)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    if not args.node_name:
-        raise SystemExit("Set --node-name or NODE_NAME (in a DaemonSet: valueFrom fieldRef spec.nodeName).")
     try:
+        if not args.node_name:
+            raise UsageError("Set --node-name or NODE_NAME (in a DaemonSet: valueFrom fieldRef spec.nodeName).")
+        # Local files first: a wrong one is reported before any connection is tried.
+        node = load_node(args, args.node_name)
         kube = connect(args.kubeconfig, args.context)
-    except KubeConfigError as exc:
-        raise SystemExit(str(exc)) from None
-    backend = make_backend(args, args.node_name)
+    except (UsageError, KubeConfigError) as exc:
+        # Exit code 2, as argparse uses for a bad command line: the operator must change a setting.
+        print(f"gpushare-device-plugin: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    backend = make_backend(args, node)
     configure_logging(args.log_level)
     # watchfiles logs every folder change at INFO; the plugin logs the ones that matter itself.
     logging.getLogger("watchfiles").setLevel(logging.WARNING)

@@ -33,6 +33,9 @@ class Inventory:
     def gpu(self, index: int) -> GPUDevice:
         return self._by_index[index]
 
+    def has(self, index: int) -> bool:
+        return index in self._by_index
+
     def healthy(self, index: int) -> bool:
         with self._changed:
             return index not in self._last_fault

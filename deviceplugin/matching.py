@@ -13,16 +13,20 @@ has a GPU container without devices:
   requested GPU, evenly). Then the device IDs the kubelet records are the GPUs the container really uses,
   which is what lets the PodResources reconciler fix two same-size pods that the kubelet admitted in the
   other order. Exclusive pods and pods with a compute share keep the extender's GPUs, which it checked.
+* A call with several container requests is for several containers of one pod, matched together.
 """
 
 from __future__ import annotations
 
+import datetime
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from gpushare.contract import (
+    ANN_ALLOCATED_CONTAINERS,
     ANN_ASSIGNED,
+    ANN_CONTAINER_SHARES,
     ANN_IDX,
     RESOURCE_GPU_MEM,
     Assignment,
@@ -115,18 +119,38 @@ def placement_from_devices(device_gpus: Counter[int], gpu_count: int) -> tuple[i
     return tuple(sorted(device_gpus))
 
 
-def choose(waiting: Sequence[Waiting], units: int, device_gpus: Counter[int], node: str = "this node",
-           unplaced: Sequence[PodInfo] = ()) -> Match:
-    """The container an Allocate of ``units`` devices (from ``device_gpus``) is for."""
-    eligible = [(w, c) for w in waiting if (c := w.next_container(units)) is not None]
-    if not eligible:
-        raise NoPendingPod(no_pending_message(node, units, waiting, unplaced))
+def _containers_for(waiting: Waiting, sizes: Sequence[int]) -> list[str] | None:
+    """The pod's unserved containers that take container requests of ``sizes``, in order; ``None`` if any
+    request finds no container of its size left."""
+    taken = set(waiting.allocated)
+    names = []
+    for units in sizes:
+        name = next((n for n, share in waiting.containers if n not in taken and share == units), None)
+        if name is None:
+            return None
+        taken.add(name)
+        names.append(name)
+    return names
 
-    def rank(item: tuple[Waiting, str]) -> tuple[bool, int, str]:
+
+def choose(waiting: Sequence[Waiting], requests: Sequence[tuple[int, Counter[int]]]) -> list[Match] | None:
+    """The containers that one Allocate call's container requests (units, devices per GPU) are for, all of
+    one pod; ``None`` when no waiting pod has a container for every request.
+
+    The kubelet sends one container per call; a call with several is taken as several containers of one pod,
+    so that it can be served, or refused, as a whole.
+    """
+    sizes = [units for units, _ in requests]
+    eligible = [(w, names) for w in waiting if (names := _containers_for(w, sizes)) is not None]
+    if not eligible:
+        return None
+    device_gpus = requests[0][1]
+
+    def rank(item: tuple[Waiting, list[str]]) -> tuple[bool, int, str]:
         w = item[0]
         return (set(w.assignment.gpu_indices) != set(device_gpus), *_age_order(w))
 
-    chosen, container = min(eligible, key=rank)
+    chosen, names = min(eligible, key=rank)
     assignment = chosen.assignment
     gpus = assignment.gpu_indices
     keeps_extender_choice = bool(chosen.allocated) or assignment.exclusive or assignment.compute_percent > 0
@@ -134,23 +158,97 @@ def choose(waiting: Sequence[Waiting], units: int, device_gpus: Counter[int], no
         from_devices = placement_from_devices(device_gpus, len(assignment.gpu_indices))
         if from_devices is not None and set(from_devices) != set(gpus):
             gpus = from_devices
-    return Match(chosen, container, units, gpus)
+    matches = []
+    served = chosen.allocated
+    for name, units in zip(names, sizes, strict=True):
+        matches.append(Match(replace(chosen, allocated=served), name, units, gpus))
+        served = served | {name}
+    return matches
 
 
-def no_pending_message(node: str, units: int, waiting: Sequence[Waiting], unplaced: Sequence[PodInfo]) -> str:
-    """Aliyun's plugin said "no-gpu-has-XMiB-to-run"; this says which pod went wrong and how to fix it."""
-    text = (f"No pod bound to {node} is waiting for a container of {units} unit(s) of {RESOURCE_GPU_MEM}: "
-            f"the pod being started was not placed by the gpushare scheduler extender (it lacks the {ANN_IDX} "
-            f"annotation with {ANN_ASSIGNED}=false).")
+@dataclass(frozen=True)
+class Served:
+    """A container that already got its devices and has the size an unmatched Allocate asked for."""
+
+    pod: PodInfo
+    container: str
+    """Empty for a pod placed by Aliyun's extender, which records no containers."""
+    units: int
+    gpus: tuple[int, ...]
+
+
+def served_containers(pods: Iterable[PodInfo], sizes: Collection[int]) -> list[Served]:
+    """Containers of active pods on the node whose allocation is recorded and whose share is one of ``sizes``."""
+    found: list[Served] = []
+    for pod in pods:
+        if not pod.is_active:
+            continue
+        assignment = read_assignment(pod)
+        if assignment is None:
+            continue
+        shares = dict(assignment.container_shares) or {"": assignment.total}
+        done = set(shares) if assignment.assigned else set(assignment.allocated_containers)
+        found.extend(Served(pod, name, units, assignment.gpu_indices) for name, units in shares.items()
+                     if name in done and units in sizes)
+    return found
+
+
+def no_pending_message(node: str, sizes: Sequence[int], waiting: Sequence[Waiting], unplaced: Sequence[PodInfo],
+                       served: Sequence[Served], served_at: Mapping[str, float]) -> str:
+    """Why no pod matches an Allocate call, and what to do; Aliyun's plugin said "no-gpu-has-XMiB-to-run".
+
+    The likeliest cause leads: a pod that bypassed the extender (it is Pending here, so the kubelet is probably
+    starting it), else a container of that size that already got its devices, else placed pods of other sizes.
+    ``served_at`` (by pod UID) is when this process recorded a pod's allocation.
+    """
+    asked = " and ".join(str(s) for s in sizes)
+    text = (f"No pod bound to {node} is waiting for {'a container' if len(sizes) == 1 else 'containers'} of "
+            f"{asked} unit(s) of {RESOURCE_GPU_MEM}")
+    others = ""
+    if waiting:
+        pods = ", ".join(f"{w.pod.key} ({_unserved(w)})" for w in waiting[:3])
+        more = f" and {len(waiting) - 3} more" if len(waiting) > 3 else ""
+        others = f" Pods the extender placed here wait for other sizes: {pods}{more}."
     if unplaced:
         names = ", ".join(p.key for p in unplaced[:3])
-        text += f" Pods here that ask for {RESOURCE_GPU_MEM} without the extender's annotations: {names}."
+        return (text + f": the pod being started was not placed by the gpushare scheduler extender (it lacks the "
+                f"{ANN_IDX} annotation with {ANN_ASSIGNED}=false). Pods here that ask for {RESOURCE_GPU_MEM} without "
+                f"the extender's annotations: {names}.{others} Fix: give the pod the schedulerName of the scheduler "
+                f"whose configuration lists the gpushare extender with managedResources {RESOURCE_GPU_MEM}, check "
+                "that the extender is reachable, then delete and recreate the pod.")
+    if served:
+        first = served[0]
+        who = f"container {first.container} of pod {first.pod.key}" if first.container else f"pod {first.pod.key}"
+        at = served_at.get(first.pod.uid)
+        when = (f"this device plugin recorded it at {_utc(at)}" if at is not None else
+                f"its annotations record it ({ANN_ALLOCATED_CONTAINERS} or {ANN_ASSIGNED}=true), written before "
+                "this device plugin process started")
+        also = f" ({len(served) - 1} other container(s) of that size already got theirs too)" if len(served) > 1 else ""
+        return (text + f": {who} already got its {first.units} unit(s) on GPU(s) {_names(first.gpus)}; {when}"
+                f"{also}.{others} The kubelet calls Allocate once per container and keeps the answer across "
+                "container restarts, so a second call means it lost its record of the devices it gave (it "
+                "restarted without its device checkpoint) or something other than the kubelet called the plugin. "
+                "gpushare never allocates a container twice: if that pod must start again, delete it so that its "
+                "controller recreates it.")
     if waiting:
-        sizes = ", ".join(f"{w.pod.key} ({'/'.join(str(s) for _, s in w.containers)})" for w in waiting[:3])
-        text += f" Pods waiting here ask for other sizes: {sizes}."
-    return text + (" Fix: give the pod the schedulerName of the scheduler whose configuration lists the gpushare "
-                   f"extender with managedResources {RESOURCE_GPU_MEM}, check that the extender is reachable, "
-                   "then delete and recreate the pod.")
+        return (text + f".{others} The kubelet asks for exactly a container's {RESOURCE_GPU_MEM} limit, so the pod "
+                "being started is none of them, or its limits disagree with the shares the extender recorded "
+                f"({ANN_CONTAINER_SHARES}). Delete and recreate the pod so that the extender places it again.")
+    return (text + ", and no pod here asks for that size: if the kubelet is starting a pod, it was deleted or "
+            "has not reached this plugin's watch; otherwise something other than the kubelet called the plugin.")
+
+
+def _unserved(waiting: Waiting) -> str:
+    return ", ".join(f"{name or 'whole pod'}: {share}" for name, share in waiting.containers
+                     if name not in waiting.allocated)
+
+
+def _names(gpus: Iterable[int]) -> str:
+    return ",".join(str(i) for i in gpus)
+
+
+def _utc(epoch_s: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch_s, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def unplaced_pods(pods: Iterable[PodInfo]) -> list[PodInfo]:

@@ -22,9 +22,10 @@ from gpushare.contract import PodInfo, read_assignment
 class PluginMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.allocations = Counter("gpushare_deviceplugin_allocations_total",
-                                   "Allocate calls per container, by outcome.", ["outcome"], registry=registry)
+                                   "Containers allocated (outcome allocated), and Allocate calls refused "
+                                   "(no_pending_pod, invalid, error).", ["outcome"], registry=registry)
         self.allocate_seconds = Histogram("gpushare_deviceplugin_allocate_seconds",
-                                          "Time to serve one container's Allocate.", registry=registry,
+                                          "Time to serve one Allocate call that succeeded.", registry=registry,
                                           buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5))
         self.xid_events = Counter("gpushare_gpu_xid_events_total", "XID events reported by the GPUs.",
                                   ["gpu", "xid"], registry=registry)

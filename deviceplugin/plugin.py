@@ -147,7 +147,12 @@ class DevicePlugin:
                 log.warning("Waiting for GPU events failed (%s); trying again.", exc)
                 self._stopping.wait(HEALTH_TICK_S)
                 continue
-            if event is not None:
+            if event is not None and not self.inventory.has(event.gpu_index):
+                # Never counted: a metric label per made-up GPU would grow without bound.
+                log.warning("Ignoring XID %d reported for GPU %d, which this node does not have (it has %d GPU(s)).",
+                            event.xid, event.gpu_index, len(self.inventory.gpus),
+                            extra={"gpu": event.gpu_index, "xid": event.xid})
+            elif event is not None:
                 self.metrics.xid_events.labels(str(event.gpu_index), str(event.xid)).inc()
                 if not event.critical:
                     log.info("GPU %d reported application XID %d; its health is unchanged.", event.gpu_index,

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import grpc
 
-from deviceplugin.allocator import AllocationError, Allocator, UnknownDevices
+from deviceplugin.allocator import Allocator
+from deviceplugin.arguments import AllocationError, InvalidArgument, NotEnoughDevices
 from deviceplugin.devices import device_ids
 from deviceplugin.inventory import Inventory
 from deviceplugin.matching import NoPendingPod
@@ -72,34 +73,47 @@ class DevicePluginService(rpc.DevicePluginServicer):
 
     def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
                                context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
-        return pb.PreferredAllocationResponse(container_responses=[
-            pb.ContainerPreferredAllocationResponse(deviceIDs=self._allocator.preferred(
-                list(c.available_deviceIDs), list(c.must_include_deviceIDs), c.allocation_size))
-            for c in request.container_requests])
+        containers = request.container_requests
+        responses = []
+        for number, c in enumerate(containers, start=1):
+            try:
+                devices = self._allocator.preferred(list(c.available_deviceIDs), list(c.must_include_deviceIDs),
+                                                    c.allocation_size, number, len(containers))
+            except AllocationError as exc:
+                log.warning("GetPreferredAllocation refused: %s", exc,
+                            extra={"available": len(c.available_deviceIDs), "size": c.allocation_size})
+                context.abort(_status(exc), str(exc))
+            responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=devices))
+        return pb.PreferredAllocationResponse(container_responses=responses)
 
     def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
-        responses = []
-        for container in request.container_requests:
-            started = time.perf_counter()
-            try:
-                env, mounts = self._allocator.allocate(list(container.devices_ids))
-            except NoPendingPod as exc:
-                self._metrics.allocations.labels("no_pending_pod").inc()
-                log.warning("Allocate refused: %s", exc, extra={"devices": len(container.devices_ids)})
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-            except AllocationError as exc:
-                self._metrics.allocations.labels("error").inc()
-                log.warning("Allocate failed: %s", exc, extra={"devices": len(container.devices_ids)})
-                code = grpc.StatusCode.INVALID_ARGUMENT if isinstance(exc, UnknownDevices) else (
-                    grpc.StatusCode.FAILED_PRECONDITION)
-                context.abort(code, str(exc))
-            self._metrics.allocations.labels("allocated").inc()
-            self._metrics.allocate_seconds.observe(time.perf_counter() - started)
-            responses.append(pb.ContainerAllocateResponse(envs=env, mounts=[
-                pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
-                for m in mounts]))
-        return pb.AllocateResponse(container_responses=responses)
+        started = time.perf_counter()
+        containers = [list(c.devices_ids) for c in request.container_requests]
+        devices = sum(len(ids) for ids in containers)
+        try:
+            results = self._allocator.allocate(containers)
+        except NoPendingPod as exc:
+            self._metrics.allocations.labels("no_pending_pod").inc()
+            log.warning("Allocate refused: %s", exc, extra={"containers": len(containers), "devices": devices})
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except AllocationError as exc:
+            self._metrics.allocations.labels("invalid" if isinstance(exc, InvalidArgument) else "error").inc()
+            log.warning("Allocate refused: %s", exc, extra={"containers": len(containers), "devices": devices})
+            context.abort(_status(exc), str(exc))
+        self._metrics.allocations.labels("allocated").inc(len(results))
+        self._metrics.allocate_seconds.observe(time.perf_counter() - started)
+        return pb.AllocateResponse(container_responses=[pb.ContainerAllocateResponse(envs=env, mounts=[
+            pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+            for m in mounts]) for env, mounts in results])
 
     def PreStartContainer(self, request: pb.PreStartContainerRequest,
                           context: grpc.ServicerContext) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()
+
+
+def _status(exc: AllocationError) -> grpc.StatusCode:
+    if isinstance(exc, InvalidArgument):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, NotEnoughDevices):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    return grpc.StatusCode.FAILED_PRECONDITION

@@ -21,6 +21,9 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+# Names and keys quoted in an error are cut to this length: they come from the file, which may hold anything.
+SHOWN_KEY_CHARS = 40
+
 
 class GPUSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -48,7 +51,7 @@ class NodeSpec(BaseModel):
     @classmethod
     def _dns_name(cls, value: str) -> str:
         if not value or len(value) > 253 or value.lower() != value or " " in value:
-            raise ValueError(f"node name {value!r} is not a lowercase DNS name")
+            raise ValueError(f"node name {value[:SHOWN_KEY_CHARS]!r} is not a lowercase DNS name")
         return value
 
     def gpu_uuid(self, index: int) -> str:
@@ -73,17 +76,37 @@ class ClusterSpec(BaseModel):
 
 
 class ClusterSpecError(ValueError):
-    """A cluster description file that cannot be used; the text says where it is wrong."""
+    """A cluster description file that cannot be used; the text is one sentence naming the file and the problem."""
 
 
 def load_cluster_spec(path: str | Path) -> ClusterSpec:
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        raw = Path(path).read_bytes()
     except OSError as exc:
-        raise ClusterSpecError(f"Cannot read the cluster description {path}: {exc.strerror}.") from None
-    except yaml.YAMLError as exc:
-        raise ClusterSpecError(f"The cluster description {path} is not valid YAML: {exc}.") from None
+        raise ClusterSpecError(f"Cannot read the cluster description {path}: {exc.strerror or exc}; check the "
+                               "path and its permissions.") from None
     try:
-        return ClusterSpec.model_validate(data or {})
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ClusterSpecError(f"The cluster description {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at "
+                               f"offset {exc.start}); save it as UTF-8.") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "it cannot be parsed"
+        raise ClusterSpecError(f"The cluster description {path} is not valid YAML{where}: {problem}.") from None
+    if data is None:  # an empty file describes a cluster without nodes
+        data = {}
+    if not isinstance(data, dict):
+        raise ClusterSpecError(f"The cluster description {path} holds a YAML {type(data).__name__} at its top "
+                               "level; it must be a mapping with a nodes: list, as in gpushare.clusterspec's example.")
+    try:
+        return ClusterSpec.model_validate(data)
     except ValidationError as exc:
-        raise ClusterSpecError(f"The cluster description {path} is invalid:\n{exc}") from None
+        errors = exc.errors()
+        first = errors[0]
+        field = ".".join(str(part)[:SHOWN_KEY_CHARS] for part in first["loc"]) or "the top level"
+        more = f"; {len(errors) - 1} more problem(s) follow" if len(errors) > 1 else ""
+        raise ClusterSpecError(f"The cluster description {path} is invalid at {field}: {first['msg']}{more}.") from None

@@ -79,7 +79,9 @@ def test_the_device_plugin_reads_what_bind_wrote(case: tuple[PodInfo, tuple[int,
     first, units = waiting.containers[0]
     # The kubelet gives the first container devices spread evenly over the extender's GPUs when it can.
     spread = Counter(dict.fromkeys(gpus, units // len(gpus))) if units % len(gpus) == 0 else Counter({gpus[0]: units})
-    match = choose([waiting], units, spread)
+    matches = choose([waiting], [(units, spread)])
+    assert matches is not None
+    [match] = matches
     assert (match.container, match.units, match.gpus) == (first, units, gpus)
 
 

@@ -11,15 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.__main__ import main, make_backend, parser
+from deviceplugin.__main__ import main
 from deviceplugin.devices import device_id, device_ids, gpus_of, units_of, uuid_of
 from deviceplugin.gpus import GPUDevice, ProcessUsage, XidEvent
 from deviceplugin.inventory import Inventory
 from deviceplugin.isolation import ContainerGrant, Isolation, IsolationConfig, Mount, container_environment
 from deviceplugin.matching import (
-    NoPendingPod,
+    Match,
+    Waiting,
     choose,
+    no_pending_message,
     preferred_devices,
+    served_containers,
     split_evenly,
     unplaced_pods,
     waiting_pods,
@@ -90,41 +93,48 @@ def test_a_device_of_an_unknown_gpu_is_rejected() -> None:
 # Matching Allocate to a pod
 
 
+def one(waiting: list[Waiting], units: int, devices: Counter[int]) -> Match:
+    """The match of an Allocate call with one container request."""
+    matches = choose(waiting, [(units, devices)])
+    assert matches is not None and len(matches) == 1
+    return matches[0]
+
+
 def test_the_pod_whose_gpu_the_devices_come_from_wins_over_an_older_one() -> None:
     older = placed("older", {"c": 4}, gpus=(0,), assume=1)
     newer = placed("newer", {"c": 4}, gpus=(1,), assume=2)
-    match = choose(waiting_pods([older, newer]), 4, Counter({1: 4}))
+    match = one(waiting_pods([older, newer]), 4, Counter({1: 4}))
     assert match.waiting.pod.name == "newer" and match.gpus == (1,) and not match.moved
 
 
 def test_without_a_gpu_hint_the_oldest_assume_time_wins() -> None:
     older = placed("older", {"c": 4}, gpus=(0,), assume=1)
     newer = placed("newer", {"c": 4}, gpus=(0,), assume=2)
-    assert choose(waiting_pods([newer, older]), 4, Counter({0: 4})).waiting.pod.name == "older"
+    assert one(waiting_pods([newer, older]), 4, Counter({0: 4})).waiting.pod.name == "older"
 
 
 def test_devices_of_another_gpu_move_the_pod_there() -> None:
-    match = choose(waiting_pods([placed("p", {"c": 4}, gpus=(0,))]), 4, Counter({1: 4}))
+    match = one(waiting_pods([placed("p", {"c": 4}, gpus=(0,))]), 4, Counter({1: 4}))
     assert match.gpus == (1,) and match.moved
 
 
 def test_exclusive_and_compute_pods_keep_the_extenders_gpu() -> None:
     for extra in ({ANN_EXCLUSIVE: "true"}, {ANN_COMPUTE: "30"}):
-        match = choose(waiting_pods([placed("p", {"c": 4}, gpus=(0,), extra=extra)]), 4, Counter({1: 4}))
+        match = one(waiting_pods([placed("p", {"c": 4}, gpus=(0,), extra=extra)]), 4, Counter({1: 4}))
         assert match.gpus == (0,)
 
 
 def test_devices_split_over_gpus_do_not_move_a_single_gpu_pod() -> None:
-    match = choose(waiting_pods([placed("p", {"c": 4}, gpus=(0,))]), 4, Counter({0: 2, 1: 2}))
+    match = one(waiting_pods([placed("p", {"c": 4}, gpus=(0,))]), 4, Counter({0: 2, 1: 2}))
     assert match.gpus == (0,) and not match.moved
 
 
 def test_containers_of_one_pod_are_matched_in_spec_order_by_their_own_share() -> None:
     pod = placed("multi", {"train": 4, "side": 2})
-    first = choose(waiting_pods([pod]), 4, Counter({0: 4}))
+    first = one(waiting_pods([pod]), 4, Counter({0: 4}))
     assert first.container == "train" and not first.waiting.is_last("train")
     served = waiting_pods([pod], allocated={pod.uid: frozenset({"train"})})
-    second = choose(served, 2, Counter({0: 2}))
+    second = one(served, 2, Counter({0: 2}))
     assert second.container == "side" and second.waiting.is_last("side")
 
 
@@ -138,22 +148,54 @@ def test_a_pod_whose_containers_are_all_served_waits_no_more() -> None:
 
 def test_aliyun_pods_match_on_their_whole_request() -> None:
     legacy = placed("legacy", {"a": 2, "b": 2}, legacy=True)
-    match = choose(waiting_pods([legacy]), 4, Counter({0: 4}))
+    match = one(waiting_pods([legacy]), 4, Counter({0: 4}))
     assert not match.waiting.assignment.container_shares and match.container == "" and match.waiting.is_last("")
-    with pytest.raises(NoPendingPod):
-        choose(waiting_pods([legacy]), 2, Counter({0: 2}))
+    assert choose(waiting_pods([legacy]), [(2, Counter({0: 2}))]) is None
 
 
 def test_a_pod_that_skipped_the_extender_gets_a_message_naming_it_and_the_fix() -> None:
     rogue = PodInfo("default", "rogue", uid="u", node_name="n1",
                     containers=(ContainerInfo("c", {RESOURCE_GPU_MEM: "3"}),))
     other = placed("other", {"c": 5})
-    with pytest.raises(NoPendingPod) as caught:
-        choose(waiting_pods([rogue, other]), 3, Counter({0: 3}), "n1", unplaced_pods([rogue, other]))
-    message = str(caught.value)
+    assert choose(waiting_pods([rogue, other]), [(3, Counter({0: 3}))]) is None
+    message = no_pending_message("n1", [3], waiting_pods([rogue, other]), unplaced_pods([rogue, other]),
+                                 served_containers([rogue, other], [3]), {})
     assert "not placed by the gpushare scheduler extender" in message
-    assert "default/rogue" in message and "default/other (5)" in message
+    assert "default/rogue" in message and "default/other (c: 5)" in message
     assert "schedulerName" in message
+
+
+def test_a_container_that_already_got_its_devices_is_named_with_when() -> None:
+    done = placed("done", {"train": 4, "side": 2}, extra={ANN_ALLOCATED_CONTAINERS: "train"})
+    pods = [done]
+    message = no_pending_message("n1", [4], waiting_pods(pods), unplaced_pods(pods), served_containers(pods, [4]),
+                                 {done.uid: 0.0})
+    assert message.startswith("No pod bound to n1 is waiting for a container of 4 unit(s) of aliyun.com/gpu-mem: "
+                              "container train of pod default/done already got its 4 unit(s) on GPU(s) 0; this "
+                              "device plugin recorded it at 1970-01-01T00:00:00Z.")
+    assert "Pods the extender placed here wait for other sizes: default/done (side: 2)." in message
+    assert "not placed by" not in message
+    unknown = no_pending_message("n1", [4], [], [], served_containers(pods, [4]), {})
+    assert "written before this device plugin process started" in unknown
+
+
+def test_placed_pods_of_other_sizes_are_the_cause_when_nothing_else_is() -> None:
+    pods = [placed("small", {"c": 2})]
+    message = no_pending_message("n1", [4, 3], waiting_pods(pods), [], served_containers(pods, [4, 3]), {})
+    assert message.startswith("No pod bound to n1 is waiting for containers of 4 and 3 unit(s)")
+    assert "default/small (c: 2)" in message and "limits disagree with the shares" in message
+    assert "not placed by" not in message
+    assert "no pod here asks for that size" in no_pending_message("n1", [4], [], [], [], {})
+
+
+def test_several_container_requests_are_matched_to_one_pod_as_a_whole() -> None:
+    single = placed("single", {"c": 4}, assume=1)
+    pair = placed("pair", {"train": 4, "side": 2}, assume=2)
+    matches = choose(waiting_pods([single, pair]), [(4, Counter({0: 4})), (2, Counter({0: 2}))])
+    assert matches is not None
+    assert [(m.waiting.pod.name, m.container) for m in matches] == [("pair", "train"), ("pair", "side")]
+    assert not matches[0].waiting.is_last("train") and matches[1].waiting.is_last("side")
+    assert choose(waiting_pods([single, pair]), [(4, Counter({0: 4})), (3, Counter({0: 3}))]) is None
 
 
 def test_preferred_devices_come_from_the_gpu_of_the_oldest_matching_pod() -> None:
@@ -350,17 +392,24 @@ def test_the_control_file_injects_events_and_usage(tmp_path: Path) -> None:
 # Command line
 
 
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """What the plugin's command line prints when it refuses ``argv``: one line, exit code 2, no traceback."""
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    err = capsys.readouterr().err
+    assert caught.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("gpushare-device-plugin: ")
+    return err
+
+
 def test_the_command_line_refuses_incomplete_settings_with_a_sentence(monkeypatch: pytest.MonkeyPatch,
-                                                                       tmp_path: Path) -> None:
+                                                                       tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("NODE_NAME", raising=False)
-    with pytest.raises(SystemExit, match="Set --node-name or NODE_NAME"):
-        main(["--backend", "simulated"])
-    with pytest.raises(SystemExit, match="needs --cluster FILE"):
-        make_backend(parser().parse_args(["--backend", "simulated"]), "n1")
+    assert "Set --node-name or NODE_NAME" in refused(["--backend", "simulated"], capsys)
+    simulated = ["--node-name", "n1", "--backend", "simulated"]
+    assert "needs --cluster FILE" in refused(simulated, capsys)
     described = tmp_path / "cluster.yaml"
     described.write_text("nodes: [{name: other, gpus: [{model: T4, memoryMiB: 15360}]}]\n")
-    with pytest.raises(SystemExit, match="no node named 'n1'"):
-        make_backend(parser().parse_args(["--backend", "simulated", "--cluster", str(described)]), "n1")
-    described.write_text("nodes: [{name: n1, gpus: [{model: T4}]}]\n")
-    with pytest.raises(SystemExit, match="is invalid"):
-        make_backend(parser().parse_args(["--backend", "simulated", "--cluster", str(described)]), "n1")
+    assert (f"The cluster description {described} has no node named 'n1' (the --node-name); it describes other."
+            in refused([*simulated, "--cluster", str(described)], capsys))

@@ -354,7 +354,7 @@ def test_allocate_refuses_devices_that_are_not_the_plugins(node: Rig) -> None:
     with grpc.insecure_channel(f"unix://{node.directory / SOCKET_NAME}") as channel:
         stub = rpc.DevicePluginStub(channel)
         for devices, reason in ((["GPU-nope-_-0"], "which this node does not have"),
-                                (["nvidia0"], "is not one of gpushare's")):
+                                (["nvidia0"], "is not a gpushare device ID")):
             with pytest.raises(grpc.RpcError) as caught:
                 stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(
                     devices_ids=devices)]), timeout=5)
@@ -418,8 +418,8 @@ def test_a_conflicting_write_is_retried_on_the_fresh_pod() -> None:
                        "the cache seeing the bound pod")
             writer = RacingPods(cluster)
             inventory = Inventory(SimulatedBackend(SPEC.node(NODE)).discover(), MemoryUnit.GiB, recovery_s=600)
-            env, _ = Allocator(cache, writer, inventory, IsolationConfig()).allocate([f"{UUIDS[1]}-_-0",
-                                                                                       f"{UUIDS[1]}-_-1"])
+            [(env, _)] = Allocator(cache, writer, inventory, IsolationConfig()).allocate([[f"{UUIDS[1]}-_-0",
+                                                                                           f"{UUIDS[1]}-_-1"]])
         finally:
             cache.stop()
         pod = placer.pod("raced")
