@@ -93,7 +93,7 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
     book = PolicyBook(config.policy, load_workload(config.workload_seed) if config.workload_seed else None)
     requests = RequestCache()
     verbs = Verbs(cache, book, requests, config.tie_seed)
-    binder = Binder(kube.pods, cache, book, requests, config.bind_timeout_s)
+    binder = Binder(kube.pods, cache, book, config.bind_timeout_s)
     # Binds wait on the API server; they get threads of their own, so that however slow it is, filter and
     # prioritize (Starlette's pool) keep their threads. A full pool answers at once instead of queueing.
     bind_pool = ThreadPoolExecutor(max_workers=config.max_binds, thread_name_prefix="bind")

@@ -17,10 +17,10 @@ import logging
 import time
 from dataclasses import dataclass
 
-from extender.placement import PolicyBook, RequestCache
+from extender.placement import PolicyBook
 from extender.wire import BindingArgs
 from gpushare.cache.state import ClusterCache, Reservation, ReservationError
-from gpushare.contract import PodInfo, PodRequest, RequestError, new_assignment
+from gpushare.contract import PodInfo, PodRequest, RequestError, new_assignment, parse_request
 from gpushare.kube.api import Conflict, KubeError, NotFound, Pods, Unavailable
 from gpushare.kube.convert import pod_info
 from gpushare.model import Node
@@ -66,12 +66,10 @@ class _Failed(Exception):
 
 
 class Binder:
-    def __init__(self, pods: Pods, cache: ClusterCache, book: PolicyBook, requests: RequestCache,
-                 budget_s: float = DEFAULT_BUDGET_S) -> None:
+    def __init__(self, pods: Pods, cache: ClusterCache, book: PolicyBook, budget_s: float = DEFAULT_BUDGET_S) -> None:
         self._pods = pods
         self._cache = cache
         self._book = book
-        self._requests = requests
         self.budget_s = budget_s
 
     def bind(self, args: BindingArgs) -> BindOutcome:
@@ -119,7 +117,9 @@ class Binder:
             raise _Failed(f"the pod is already bound to node {pod.node_name}")
         if not pod.is_active:
             raise _Failed("the pod is terminating or has finished")
-        request = self._requests.request(pod)
+        # Parsed from the pod just read, not taken from the cache of filter's parses: those are keyed by what the
+        # sender says the UID and version are, and the GPUs written on the pod must follow the pod itself.
+        request = parse_request(pod)
         # A pod without GPUs is reserved too (CPU and memory only, no annotations), so that the next
         # decision already sees it.
         reservation = self._reserve(pod, request, args.node)

@@ -19,13 +19,13 @@ log = logging.getLogger(__name__)
 OBSERVED_PODS = 100_000
 
 
-# Pods whose parsed request is remembered: kube-scheduler asks filter, prioritize and bind about the same pod
+# Pods whose parsed request is remembered: kube-scheduler asks filter and prioritize about the same pod
 # within a second or so, and a cluster rarely has more pods pending at once.
 REMEMBERED_REQUESTS = 10_000
 
 
 class RequestCache:
-    """Each pod's request parsed once per UID and resourceVersion, shared by filter, prioritize and bind.
+    """Each pod's request parsed once per UID and resourceVersion, shared by filter and prioritize.
 
     A pod changes its resourceVersion whenever its spec or annotations change, so a remembered request is
     always the pod's current one. Failures are remembered too: a malformed pod is explained, not re-parsed.
