@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -13,7 +15,7 @@ from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from extender.binder import Binder
+from extender.binder import UNDO_GRACE_S, Binder, BindOutcome
 from extender.config import ExtenderConfig
 from extender.forward import FORWARDED_BY_HEADER, BindForwarder
 from extender.inspect import inspect_nodes
@@ -21,14 +23,51 @@ from extender.leader import LeaderElector
 from extender.metrics import ExtenderMetrics
 from extender.placement import PolicyBook, RequestCache
 from extender.verbs import Verbs
-from extender.wire import BadRequest, parse_binding_args, parse_extender_args
+from extender.wire import BadRequest, BindingArgs, parse_binding_args, parse_extender_args, subdomain_problem
 from gpushare import __version__
 from gpushare.cache.state import ClusterCache
 from gpushare.kube.api import Kube
 from gpushare.kube.watch import ClusterWatch
+from gpushare.logs import clip
 from gpushare.policies.workload import load_workload
 
 PREFIX = "/gpushare-scheduler"
+# A body must arrive within this long; kube-scheduler sends even a 15,000-node list in well under a second.
+BODY_READ_TIMEOUT_S = 10.0
+# Past the budget and the undo's grace, the answer goes out even if a bind's thread is still stuck in a call.
+ANSWER_MARGIN_S = 0.5
+
+
+class _BodyError(Exception):
+    def __init__(self, status: int, sentence: str) -> None:
+        super().__init__(sentence)
+        self.status = status
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, at most ``limit`` bytes and within ``BODY_READ_TIMEOUT_S``; ``_BodyError`` otherwise.
+
+    A declared Content-Length above the limit is refused before a byte is read; a chunked or lying body is
+    counted as it arrives and refused as soon as it passes the limit, so memory never holds more than that.
+    """
+    too_large = (f"The request body is larger than {limit} bytes, the extender's --max-body-bytes; kube-scheduler "
+                 "sends far less with nodeCacheCapable: true, or raise the limit.")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _BodyError(413, too_large)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(BODY_READ_TIMEOUT_S):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise _BodyError(413, too_large)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise _BodyError(408, f"The request body did not arrive within {BODY_READ_TIMEOUT_S:g} s; send it at "
+                              "once.") from None
+    return b"".join(chunks)
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -54,14 +93,22 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
     book = PolicyBook(config.policy, load_workload(config.workload_seed) if config.workload_seed else None)
     requests = RequestCache()
     verbs = Verbs(cache, book, requests, config.tie_seed)
-    binder = Binder(kube.pods, cache, book, requests)
+    binder = Binder(kube.pods, cache, book, config.bind_timeout_s)
+    # Binds wait on the API server; they get threads of their own, so that however slow it is, filter and
+    # prioritize (Starlette's pool) keep their threads. A full pool answers at once instead of queueing.
+    bind_pool = ThreadPoolExecutor(max_workers=config.max_binds, thread_name_prefix="bind")
+    bind_slots = threading.BoundedSemaphore(config.max_binds)
+    # A scrape walks every node; one thread of its own keeps it off the request pools and the event loop.
+    metrics_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metrics")
     elector: LeaderElector | None = None
     forwarder: BindForwarder | None = None
     if config.leader is not None:
         # A replica contends only once its cache holds the whole cluster, so a new leader never binds from an
         # empty cache; the previous leader's placements are in pod annotations, written before each Binding.
         elector = LeaderElector(kube.leases, config.leader, lambda: watch.synced)
-        forwarder = BindForwarder(config.leader.identity, config.peer_ca)
+        # The leader answers within its budget and the undo's grace; the follower waits a little longer.
+        forwarder = BindForwarder(config.leader.identity, config.peer_ca,
+                                  config.bind_timeout_s + UNDO_GRACE_S + ANSWER_MARGIN_S)
     metrics = ExtenderMetrics(cache, lambda: elector is None or elector.is_leader)
 
     @asynccontextmanager
@@ -80,20 +127,23 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
                 await run_in_threadpool(elector.stop)
                 await forwarder.close()
             await run_in_threadpool(watch.stop)
+            bind_pool.shutdown(wait=False, cancel_futures=True)
+            metrics_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="gpushare scheduler extender", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
 
-    def bad_request(verb: str, exc: BadRequest) -> Response:
-        metrics.count(verb, 400)
-        return _json({"Error": str(exc)}, 400)
+    def bad_request(verb: str, exc: BadRequest | _BodyError) -> Response:
+        status = exc.status if isinstance(exc, _BodyError) else 400
+        metrics.count(verb, status)
+        return _json({"Error": str(exc)}, status)
 
     @app.post(PREFIX + "/filter")
     async def filter_verb(request: Request) -> Response:
         with metrics.timed("filter"):
             try:
-                response = _json(verbs.filter(parse_extender_args(await request.body())))
-            except BadRequest as exc:
+                response = _json(verbs.filter(parse_extender_args(await _read_body(request, config.max_body_bytes))))
+            except (BadRequest, _BodyError) as exc:
                 return bad_request("filter", exc)
             metrics.count("filter", 200)
             return response
@@ -104,26 +154,42 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
             try:
                 # Scoring thousands of nodes takes tens of milliseconds: off the event loop, so that filters
                 # and binds in flight are not held up behind it.
-                args = parse_extender_args(await request.body())
+                args = parse_extender_args(await _read_body(request, config.max_body_bytes))
                 response = _json(await run_in_threadpool(verbs.prioritize, args))
-            except BadRequest as exc:
+            except (BadRequest, _BodyError) as exc:
                 return bad_request("prioritize", exc)
             metrics.count("prioritize", 200)
             return response
 
+    async def bind_here(args: BindingArgs) -> BindOutcome:
+        who = f"pod {args.pod_namespace}/{args.pod_name} to node {args.node}"
+        if not bind_slots.acquire(blocking=False):
+            return BindOutcome(error=f"gpushare could not bind {who}: {config.max_binds} binds are already in "
+                                     "flight (--max-concurrent-binds), as when the API server is slow; kube-scheduler "
+                                     "will try again.")
+        future = bind_pool.submit(binder.bind, args)
+        # The slot is free when the thread is, not when the answer leaves: a stuck call keeps its slot.
+        future.add_done_callback(lambda _: bind_slots.release())
+        wait_s = config.bind_timeout_s + UNDO_GRACE_S + ANSWER_MARGIN_S
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), wait_s)
+        except TimeoutError:
+            return BindOutcome(error=f"gpushare could not bind {who} within {wait_s:g} s: a call to the API server "
+                                     "did not come back in time; kube-scheduler will try again.")
+
     @app.post(PREFIX + "/bind")
     async def bind_verb(request: Request) -> Response:
         with metrics.timed("bind"):
-            body = await request.body()
             try:
+                body = await _read_body(request, config.max_body_bytes)
                 args = parse_binding_args(body)
-            except BadRequest as exc:
+            except (BadRequest, _BodyError) as exc:
                 return bad_request("bind", exc)
             if elector is not None and forwarder is not None and not elector.is_leader:
                 answer = await forwarder.forward(body, args, elector.view(), request.headers.get(FORWARDED_BY_HEADER))
                 metrics.count("bind", answer.status)
                 return Response(answer.body, status_code=answer.status, media_type="application/json")
-            outcome = await run_in_threadpool(binder.bind, args)
+            outcome = await bind_here(args)
             metrics.binds.labels("failed" if outcome.error else "bound").inc()
             metrics.bind_conflicts.inc(outcome.conflicts)
             metrics.count("bind", 200)
@@ -135,10 +201,13 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
 
     @app.get(PREFIX + "/inspect/{node}")
     def inspect_node(node: str) -> Response:
+        problem = subdomain_problem(node)
+        if problem is not None:
+            return _json({"nodes": [], "error": f"The node name {clip(node)} {problem}."}, 400)
         nodes = inspect_nodes(cache, node)
         if not nodes:
-            return _json({"nodes": [], "error": f"Node {node!r} is not in the gpushare extender's cache; check the "
-                                                "name with 'kubectl get nodes'."}, 404)
+            return _json({"nodes": [], "error": f"Node {clip(node)} is not in the gpushare extender's cache; check "
+                                                "the name with 'kubectl get nodes'."}, 404)
         return _json({"nodes": nodes, "error": ""})
 
     @app.get("/version")
@@ -153,19 +222,25 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
         return _json({"leaderElection": True, "leader": view.is_leader, "identity": elector.settings.identity,
                       "holder": view.holder, "leaderURL": view.leader_url})
 
+    # Health and readiness run on the event loop and read only memory: they answer in microseconds whatever the
+    # API server and the thread pools are doing, so a slow API server never gets the extender restarted.
     @app.get("/healthz")
-    def healthz() -> Response:
+    async def healthz() -> Response:
         return Response("ok\n", media_type="text/plain")
 
     @app.get("/readyz")
-    def readyz() -> Response:
+    async def readyz() -> Response:
+        # Ready from the first complete list on, and through API outages: filter and prioritize still answer
+        # from the cache, and binds fail fast within their budget. Taking the only endpoints out of the Service
+        # would fail every pod's filter instead (see docs/extender.md).
         if watch.synced:
             return Response("ok\n", media_type="text/plain")
         return Response("the node and pod caches have not finished their first list yet\n", status_code=503,
                         media_type="text/plain")
 
     @app.get("/metrics")
-    def prometheus_metrics() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    async def prometheus_metrics() -> Response:
+        body = await asyncio.get_running_loop().run_in_executor(metrics_pool, generate_latest, metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -8,14 +8,27 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
+from extender.binder import DEFAULT_BUDGET_S
 from extender.leader import DEFAULT_LEASE_DURATION_S, DEFAULT_LEASE_NAME, DEFAULT_RENEW_PERIOD_S, LeaseSettings
 from gpushare.contract import MemoryUnit
-from gpushare.logs import LEVELS
+from gpushare.logs import LEVELS, clip
 from gpushare.policies import DEFAULT_POLICY, policy_names
 from gpushare.policies.workload import load_workload
 
+N = TypeVar("N", int, float)
+
 DEFAULT_PORT = 39999
+# Binds in flight at once; more are answered at once with an Error (kube-scheduler retries them). At a few tens
+# of milliseconds per bind this is hundreds of binds a second, more than kube-scheduler's own client allows.
+DEFAULT_MAX_BINDS = 32
+# Large enough for a v1.NodeList of 15,000 real-sized nodes (about 18 KB each with the 50 images the kubelet
+# reports: 260 MiB) when kube-scheduler runs with nodeCacheCapable: false and percentageOfNodesToScore: 100.
+# With nodeCacheCapable: true (the chart's configuration) a body is a pod and names, and the chart sets 16 MiB.
+DEFAULT_MAX_BODY_BYTES = 320 * 2**20
+# Seconds a bind's budget may be set to at most: kube-scheduler's httpTimeout is rarely above 30 s.
+MAX_BUDGET_S = 60.0
 
 
 class ConfigError(ValueError):
@@ -37,6 +50,9 @@ class ExtenderConfig:
     leader: LeaseSettings | None = None  # None: a single replica, which binds itself
     peer_ca: Path | None = None
     workload_seed: Path | None = None  # a seed file for the learning policies' workload distribution
+    bind_timeout_s: float = DEFAULT_BUDGET_S  # each bind's time budget, every API call included
+    max_binds: int = DEFAULT_MAX_BINDS  # binds in flight at once
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # the largest request body read
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,6 +79,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workload-seed", type=Path, default=None,
                         help="YAML or JSON file of task shapes and weights (weights count as pods) that the "
                              "learning policies (fgd, fgd-lookahead) start from; see docs/policies.md")
+    limits = parser.add_argument_group("limits")
+    limits.add_argument("--bind-timeout", type=float, default=None, metavar="SECONDS",
+                        help=f"time budget of one bind, every API call included; keep it at least 1 s below "
+                             f"kube-scheduler's httpTimeout (default: $GPUSHARE_BIND_TIMEOUT, else "
+                             f"{DEFAULT_BUDGET_S:g})")
+    limits.add_argument("--max-concurrent-binds", type=int, default=None, metavar="N",
+                        help=f"binds in flight at once; more are answered at once with an error and retried by "
+                             f"kube-scheduler (default: $GPUSHARE_MAX_CONCURRENT_BINDS, else {DEFAULT_MAX_BINDS})")
+    limits.add_argument("--max-body-bytes", type=int, default=None, metavar="BYTES",
+                        help=f"largest request body accepted (default: $GPUSHARE_MAX_BODY_BYTES, else "
+                             f"{DEFAULT_MAX_BODY_BYTES}, a NodeList of 15,000 nodes)")
     ha = parser.add_argument_group("high availability (several replicas, one of which binds)")
     ha.add_argument("--leader-elect", action="store_true",
                     help="elect one replica to bind through a Lease; the others forward binds to it")
@@ -139,11 +166,37 @@ def parse_config(argv: Sequence[str] | None = None) -> ExtenderConfig:
             raise ConfigError(f"{path} does not exist or is not a file.")
     if args.workload_seed is not None:
         _check_workload_seed(args.workload_seed)
-    return ExtenderConfig(host=args.host, port=port, tls_cert=args.tls_cert, tls_key=args.tls_key,
+    bind_timeout = _number(args.bind_timeout, "--bind-timeout", "GPUSHARE_BIND_TIMEOUT", DEFAULT_BUDGET_S, float)
+    if not 0 < bind_timeout <= MAX_BUDGET_S:
+        raise ConfigError(f"--bind-timeout {bind_timeout:g} must be above 0 and at most {MAX_BUDGET_S:g} seconds, and "
+                          "at least 1 s below kube-scheduler's httpTimeout.")
+    max_binds = _number(args.max_concurrent_binds, "--max-concurrent-binds", "GPUSHARE_MAX_CONCURRENT_BINDS",
+                        DEFAULT_MAX_BINDS, int)
+    if not 1 <= max_binds <= 1024:
+        raise ConfigError(f"--max-concurrent-binds {max_binds} must be from 1 to 1024.")
+    max_body = _number(args.max_body_bytes, "--max-body-bytes", "GPUSHARE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES,
+                       int)
+    if not 64 * 1024 <= max_body <= 2**32:
+        raise ConfigError(f"--max-body-bytes {max_body} must be from 65536 (64 KiB) to 4294967296 (4 GiB).")
+    return ExtenderConfig(host=args.host, port=port, bind_timeout_s=bind_timeout, max_binds=max_binds,
+                          max_body_bytes=max_body, tls_cert=args.tls_cert, tls_key=args.tls_key,
                           unit=MemoryUnit(args.unit), log_level=args.log_level, policy=args.policy,
                           tie_seed=args.tie_seed, kubeconfig=args.kubeconfig, context=args.context,
                           leader=_lease_settings(args, port),
                           peer_ca=args.peer_ca, workload_seed=args.workload_seed)
+
+
+def _number(flag_value: N | None, flag: str, env: str, default: N, kind: type[N]) -> N:
+    """The flag's value, else the environment variable's, else ``default``; a sentence for a non-number."""
+    if flag_value is not None:
+        return flag_value
+    raw = os.environ.get(env)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ConfigError(f"{env}={clip(raw)} is not a number; set it like {flag}, e.g. {default}.") from None
 
 
 def _check_workload_seed(path: Path) -> None:

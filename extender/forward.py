@@ -19,7 +19,8 @@ from extender.wire import BindingArgs
 BIND_PATH = "/gpushare-scheduler/bind"
 # Names the replica that forwarded a bind; a replica that gets a forwarded bind never forwards it again.
 FORWARDED_BY_HEADER = "X-Gpushare-Forwarded-By"
-# Under kube-scheduler's own extender timeout (5 s by default), so the follower still gets to answer.
+# Under kube-scheduler's own extender timeout (5 s by default), so the follower still gets to answer; the app
+# passes the leader's bind budget plus its grace instead, which is this with the default budget.
 FORWARD_TIMEOUT_S = 4.0
 
 
@@ -41,14 +42,15 @@ def _peer_tls(peer_ca: Path | None) -> ssl.SSLContext | bool:
 class BindForwarder:
     """Forwards bind bodies to the leader over one pooled ``httpx.AsyncClient``, opened with the app."""
 
-    def __init__(self, identity: str, peer_ca: Path | None = None) -> None:
+    def __init__(self, identity: str, peer_ca: Path | None = None, timeout_s: float = FORWARD_TIMEOUT_S) -> None:
         self._identity = identity
         self._peer_ca = peer_ca
+        self._timeout_s = timeout_s
         self._client: httpx.AsyncClient | None = None
 
     async def open(self) -> None:
         # No proxy from the environment: peers are reached directly, on the pod network.
-        self._client = httpx.AsyncClient(timeout=FORWARD_TIMEOUT_S, verify=_peer_tls(self._peer_ca), trust_env=False)
+        self._client = httpx.AsyncClient(timeout=self._timeout_s, verify=_peer_tls(self._peer_ca), trust_env=False)
 
     async def close(self) -> None:
         if self._client is not None:

@@ -2,26 +2,30 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 
 from gpushare.contract import PodInfo, PodRequest, RequestError, parse_request
-from gpushare.policies import Policy, make_policy
+from gpushare.model import Node
+from gpushare.policies import Candidate, Policy, make_policy
 from gpushare.policies.workload import Shape, WorkloadDistribution
+
+log = logging.getLogger(__name__)
 
 # How many pod UIDs to remember as already observed; older ones may be observed again, which only
 # nudges the workload statistics.
 OBSERVED_PODS = 100_000
 
 
-# Pods whose parsed request is remembered: kube-scheduler asks filter, prioritize and bind about the same pod
+# Pods whose parsed request is remembered: kube-scheduler asks filter and prioritize about the same pod
 # within a second or so, and a cluster rarely has more pods pending at once.
 REMEMBERED_REQUESTS = 10_000
 
 
 class RequestCache:
-    """Each pod's request parsed once per UID and resourceVersion, shared by filter, prioritize and bind.
+    """Each pod's request parsed once per UID and resourceVersion, shared by filter and prioritize.
 
     A pod changes its resourceVersion whenever its spec or annotations change, so a remembered request is
     always the pod's current one. Failures are remembered too: a malformed pod is explained, not re-parsed.
@@ -69,6 +73,7 @@ class PolicyBook:
             self.workload.seed(workload_seed, observations=sum(workload_seed.values()))
         self._policies: dict[str, Policy] = {default: make_policy(default, self.workload)}
         self._observed: OrderedDict[str, None] = OrderedDict()
+        self._failures: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
     def for_request(self, request: PodRequest) -> Policy:
@@ -82,9 +87,32 @@ class PolicyBook:
                     policy = self._policies[name] = make_policy(name, self.workload)
         return policy
 
+    def evaluate(self, policy: Policy, node: Node, request: PodRequest) -> Candidate | None:
+        """``policy.evaluate``, with a failure inside the policy counted as "does not fit" on that node.
+
+        A policy is pure arithmetic on the node and the learned workload; should some state still break it,
+        one node loses this pod rather than every pod's prioritize and bind answering 500. Each kind of failure
+        is logged once per policy, so a failure on every node of every pod cannot flood the log.
+        """
+        try:
+            return policy.evaluate(node, request)
+        except Exception as exc:
+            kind = (policy.name, type(exc).__name__)
+            with self._lock:
+                first = kind not in self._failures
+                self._failures.add(kind)
+            if first:
+                log.exception("placement policy failed on a node; the node is scored as not fitting, and further "
+                              "failures of this kind are not logged", extra={"policy": policy.name,
+                                                                              "node": node.name})
+            return None
+
     def observe_once(self, uid: str, request: PodRequest) -> None:
-        """Count the pod in the workload the first time the extender sees it."""
-        self.for_request(request)  # an unknown policy name fails here, before anything is counted
+        """Count the pod in the workload the first time the extender sees it.
+
+        Callers count only requests that were read without error and fit some node of the cluster (at least
+        on the empty node), so the workload stays within the shapes the cluster can run.
+        """
         with self._lock:
             if uid in self._observed:
                 return

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
 from typing import Any
 
 from extender.placement import PolicyBook, RequestCache
-from extender.wire import NODE_NAMES_SHAPE, BadRequest, ExtenderArgs, filter_result
+from extender.wire import ExtenderArgs, check_node_names, filter_result
 from gpushare.cache.fitindex import shape_key
 from gpushare.cache.state import ClusterCache
 from gpushare.model import Node
 from gpushare.policies import extender_scores
-
-
-def _check_names(names: Iterable[object]) -> None:
-    if not all(type(name) is str for name in names):
-        raise BadRequest(NODE_NAMES_SHAPE)
 
 
 class Verbs:
@@ -26,27 +21,28 @@ class Verbs:
         self.tie_seed = tie_seed
 
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:
+        names = args.names
+        unknown = self.cache.unknown(names)
+        check_node_names(unknown)
         try:
             request = self.requests.request(args.pod)
-            self.book.observe_once(args.pod.uid or args.pod.key, request)
+            self.book.for_request(request)  # an unknown policy name is the pod's error, before anything counts
         except ValueError as exc:  # a RequestError, or a policy the registry does not have
             return filter_result(args, None, {}, {}, str(exc))
-        names = args.names
         if not request.gpu_count:
             # kube-scheduler has already checked CPU and memory; only GPU requests need the extender's view.
-            _check_names(names)
+            self.book.observe_once(args.pod.uid or args.pod.key, request)
             return filter_result(args, names, {}, {})
-        try:
-            outcome = self.cache.filter(names, request)
-        except TypeError:
-            raise BadRequest(NODE_NAMES_SHAPE) from None
-        # Names that passed are cached node names, hence strings; only the rest need a look.
-        _check_names(outcome.failed)
+        outcome = self.cache.filter(names, request)
+        # Only shapes that some node could run, at least when empty, teach the workload: every node the cache
+        # does not know lands in FailedNodes, so more failed nodes than unknown ones means a real node could.
+        if outcome.passed or len(outcome.failed) > len(unknown):
+            self.book.observe_once(args.pod.uid or args.pod.key, request)
         return filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
 
     def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
         names = args.names
-        _check_names(names)
+        check_node_names(self.cache.unknown(names))
         try:
             wanted = self.requests.request(args.pod)
             policy = self.book.for_request(wanted)
@@ -54,8 +50,9 @@ class Verbs:
             return [{"Host": name, "Score": 0} for name in names]
 
         def score(node: Node) -> float | None:
-            candidate = policy.evaluate(node, wanted)
-            return None if candidate is None else candidate.score
+            candidate = self.book.evaluate(policy, node, wanted)
+            # A score that is no finite number cannot be ranked against the others: the node does not fit.
+            return None if candidate is None or not math.isfinite(candidate.score) else candidate.score
 
         # A node's score changes only with its state, the pod's shape and what the policy has learned.
         key = (policy.name, shape_key(wanted), self.book.workload.version)

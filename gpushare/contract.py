@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from gpushare.logs import clip
 from gpushare.quantity import QuantityError, host_amount, to_int
 
 RESOURCE_GPU_MEM = "aliyun.com/gpu-mem"
@@ -63,6 +64,9 @@ HAMI_GPU_POLICY = "hami.io/gpu-scheduler-policy"
 KUBESHARE_GPU_MODEL = "sharedgpu/gpu_model"
 
 POLICY_NAMES = ("binpack", "spread", "fgd", "fgd-lookahead")
+
+# The most GPUs one pod may span on one node (annotation or container limits).
+MAX_GPU_COUNT = 64
 
 
 class MemoryUnit(StrEnum):
@@ -184,14 +188,28 @@ class PodRequest:
         return (self.models.describe(), self.gpu_count, self.per_gpu, self.cpu_milli)
 
 
+def _quantity_error(container: ContainerInfo, resource: str, value: str, exc: QuantityError) -> RequestError:
+    # The parser's sentence starts with the whole value; the clipped one is already in ours.
+    reason = str(exc).replace(repr(value), "it", 1)
+    return RequestError(f"Container {clip(container.name)} asks for {resource} {clip(value)}: {reason}")
+
+
 def _units(container: ContainerInfo, resource: str) -> int:
     value = container.limits.get(resource, container.requests.get(resource))
     if value is None:
         return 0
     try:
-        return to_int(value)
+        units = to_int(value)
     except QuantityError as exc:
-        raise RequestError(f"Container {container.name!r} asks for {resource} {value!r}: {exc}") from None
+        raise _quantity_error(container, resource, value, exc) from None
+    # The API server refuses negative extended resources; a pod sent straight to the extender is held to the same.
+    if units < 0:
+        raise RequestError(f"Container {clip(container.name)} asks for {resource} {clip(value)}; use a whole number "
+                           "of 0 or more.")
+    if resource == RESOURCE_GPU_COUNT and units > MAX_GPU_COUNT:
+        raise RequestError(f"Container {clip(container.name)} asks for {resource} {clip(value)}; use a whole number "
+                           f"of GPUs from 1 to {MAX_GPU_COUNT}.")
+    return units
 
 
 def requests_gpu(pod: PodInfo) -> bool:
@@ -223,9 +241,13 @@ def _host_amount(container: ContainerInfo, name: str) -> int:
     if value is None:
         return 0
     try:
-        return host_amount(name, value)
+        amount = host_amount(name, value)
     except QuantityError as exc:
-        raise RequestError(f"Container {container.name!r} asks for {name} {value!r}: {exc}") from None
+        raise _quantity_error(container, name, value, exc) from None
+    if amount < 0:
+        raise RequestError(f"Container {clip(container.name)} asks for {name} {clip(value)}; use an amount of 0 or "
+                           "more.")
+    return amount
 
 
 def host_requests(pod: PodInfo) -> tuple[int, int]:
@@ -245,7 +267,7 @@ def _exclusive(annotations: Mapping[str, str]) -> bool:
 def _compute_percent(annotations: Mapping[str, str]) -> int | None:
     """The guaranteed compute share, 0 when absent; ``None`` when it is not a whole percentage."""
     text = annotations.get(ANN_COMPUTE, "0").strip() or "0"
-    if not text.isdigit() or not 0 <= int(text) <= 100:
+    if not text.isdigit() or len(text) > 3 or not 0 <= int(text) <= 100:
         return None
     return int(text)
 
@@ -253,9 +275,14 @@ def _compute_percent(annotations: Mapping[str, str]) -> int | None:
 def _gpu_count(pod: PodInfo, from_limits: int) -> int:
     text = pod.annotations.get(ANN_GPU_COUNT)
     if text is None:
+        if from_limits > MAX_GPU_COUNT:
+            raise RequestError(f"Pod {pod.key} asks for {from_limits} GPUs in {RESOURCE_GPU_COUNT} limits over its "
+                               f"containers; use a whole number of GPUs from 1 to {MAX_GPU_COUNT}.")
         return from_limits or 1
-    if not text.strip().isdigit() or not 1 <= int(text) <= 64:
-        raise RequestError(f"Pod {pod.key} has {ANN_GPU_COUNT}={text!r}; use a whole number of GPUs from 1 to 64.")
+    # At most 3 digits before int(): a 5,000-digit count is refused without converting it.
+    if not text.strip().isdigit() or len(text.strip()) > 3 or not 1 <= int(text) <= MAX_GPU_COUNT:
+        raise RequestError(f"Pod {pod.key} has {ANN_GPU_COUNT}={clip(text)}; use a whole number of GPUs from 1 to "
+                           f"{MAX_GPU_COUNT}.")
     if from_limits and from_limits != int(text):
         raise RequestError(f"Pod {pod.key} asks for {text} GPUs in {ANN_GPU_COUNT} but {from_limits} in "
                            f"{RESOURCE_GPU_COUNT} limits; keep one of them.")
@@ -293,12 +320,12 @@ def parse_request(pod: PodInfo) -> PodRequest:
     ann = pod.annotations
     compute = _compute_percent(ann)
     if compute is None:
-        raise RequestError(f"Pod {pod.key} has {ANN_COMPUTE}={ann.get(ANN_COMPUTE)!r}; use a whole percentage from "
+        raise RequestError(f"Pod {pod.key} has {ANN_COMPUTE}={clip(ann.get(ANN_COMPUTE))}; use a whole percentage from "
                            "0 to 100 (0, or no annotation, asks for no guaranteed share).")
     policy = ann.get(ANN_POLICY, ann.get(HAMI_GPU_POLICY))
     if policy is not None and policy not in POLICY_NAMES:
         raise RequestError(
-            f"Pod {pod.key} asks for placement policy {policy!r}; use one of {', '.join(POLICY_NAMES)}.")
+            f"Pod {pod.key} asks for placement policy {clip(policy)}; use one of {', '.join(POLICY_NAMES)}.")
     return PodRequest(per_gpu=total // count, gpu_count=count, exclusive=_exclusive(ann),
                       compute_percent=compute, models=model_rule(ann, pod.labels), policy=policy,
                       container_shares=shares, cpu_milli=cpu, memory_mib=memory)

@@ -19,6 +19,21 @@ _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)))
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
+# How much of a text that came from outside (a pod name, a quantity, an annotation) any answer, Event or log line
+# repeats: enough to recognise it, never enough for one request to flood a log or an Event.
+CLIP_CHARS = 80
+
+
+def clip(text: object, limit: int = CLIP_CHARS) -> str:
+    """``text`` as ``repr`` shows it, cut to ``limit`` characters with the original length said.
+
+    Every place that echoes user text goes through here, so a 20 MB pod name costs 100 bytes of log.
+    """
+    shown = repr(text) if isinstance(text, str) else repr(str(text))
+    if len(shown) <= limit:
+        return shown
+    return f"{shown[:limit]}... ({len(str(text))} characters)"
+
 
 class JSONFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:

@@ -62,7 +62,8 @@ class GPU:
         if not self.healthy or self.exclusive or not request.models.accepts(self.model):
             return False
         if request.exclusive:
-            return self.holders == 0 and self.used == 0
+            # Whole and idle, and big enough: an exclusive pod still asks for its memory.
+            return self.holders == 0 and self.used == 0 and self.total >= request.per_gpu
         return self.total - self.used >= request.per_gpu and self.compute_used + request.compute_percent <= 100
 
     def pair_score(self, other: GPU) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from extender.config import parse_config
 from gpushare import schedconfig
 from gpushare.policies import DEFAULT_POLICY
 from gpushare.schedconfig import ExtenderOptions, SchedulerOptions
@@ -77,7 +78,13 @@ def test_extender_command_and_probes(rendered: dict[str, Docs]) -> None:
     extender = container(find(rendered["default"], "Deployment", "gpushare-extender"))
     assert extender["command"] == ["gpushare-extender"]
     # The chart's default policy is the extender's own default, so a chart install behaves like the README says.
-    assert extender["args"] == ["--port=39999", f"--policy={DEFAULT_POLICY}", "--unit=GiB", "--log-level=INFO"]
+    assert extender["args"] == ["--port=39999", f"--policy={DEFAULT_POLICY}", "--unit=GiB", "--log-level=INFO",
+                                "--bind-timeout=3", "--max-concurrent-binds=32", "--max-body-bytes=16777216"]
+    # The bind budget stays a second below the httpTimeout the chart gives kube-scheduler.
+    config = parse_config(extender["args"])
+    scheduler = yaml.safe_load(find(rendered["default"], "ConfigMap", "gpushare-scheduler-config")["data"]
+                               ["scheduler-config.yaml"])
+    assert config.bind_timeout_s + 1 <= int(scheduler["extenders"][0]["httpTimeout"].rstrip("s"))
     assert extender["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http", "scheme": "HTTP"}
     assert extender["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http", "scheme": "HTTP"}
     service = find(rendered["default"], "Service", "gpushare-extender")
@@ -239,6 +246,8 @@ def render_values(tmp_path: Path, rendered: dict[str, Docs]) -> Iterator[Any]:
     ({"extender": {"tls": {"enabled": True}}}, "extender.tls.enabled needs extender.tls.secretName"),
     ({"secondScheduler": {"enabled": True, "image": {"tag": "v1.22.17"}}},
      "secondScheduler.image.tag must be v1.23 or newer"),
+    ({"extender": {"bindTimeoutSeconds": 9.5}}, "must be at least 1 s below schedulerConfig.httpTimeoutSeconds"),
+    ({"extender": {"maxConcurrentBinds": 0}}, "at '/extender/maxConcurrentBinds'"),
 ])
 def test_bad_values_fail_with_a_reason(render_values: Any, values: dict[str, Any], message: str) -> None:
     code, failure = render_values(values)

@@ -323,13 +323,16 @@ def test_malformed_json_is_400_with_a_sentence(env: Env, verb: str) -> None:
     assert "not valid JSON" in response.json()["Error"]
 
 
+SOME_POD = {"metadata": {"name": "p"}, "spec": {"containers": []}}
+
+
 @pytest.mark.parametrize(("payload", "message"), [
     ([], "must be a JSON object"),
-    ({"Pod": None, "NodeNames": []}, "ExtenderArgs.Pod must be a v1.Pod"),
-    ({"Pod": {"metadata": {}}, "NodeNames": "mixed"}, "NodeNames must be a list of node names"),
-    ({"Pod": {"metadata": {}}, "NodeNames": [1, 2]}, "NodeNames must be a list of node names"),
-    ({"Pod": {"metadata": {}}, "Nodes": {"items": [{}]}}, "items each have metadata.name"),
-    ({"Pod": {"metadata": {}}}, "neither NodeNames"),
+    ({"Pod": None, "NodeNames": []}, "ExtenderArgs.Pod must be an object, not null."),
+    ({"Pod": SOME_POD, "NodeNames": "mixed"}, "NodeNames must be a list of node names"),
+    ({"Pod": SOME_POD, "NodeNames": [1, 2]}, "NodeNames must be a list of node names"),
+    ({"Pod": SOME_POD, "Nodes": {"items": [{}]}}, "items each have metadata.name"),
+    ({"Pod": SOME_POD}, "neither NodeNames"),
 ])
 def test_wrong_shapes_are_400(env: Env, payload: Any, message: str) -> None:
     for verb in ("filter", "prioritize"):

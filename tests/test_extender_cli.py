@@ -93,6 +93,10 @@ def test_config_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> N
     (["--port", "70000"], {}, "Port 70000 is out of range"),
     (["--policy", "random"], {}, "Unknown placement policy 'random'"),
     (["--kubeconfig", "/nonexistent/config"], {}, "/nonexistent/config does not exist"),
+    (["--bind-timeout", "0"], {}, "--bind-timeout 0 must be above 0 and at most 60 seconds"),
+    ([], {"GPUSHARE_BIND_TIMEOUT": "soon"}, "GPUSHARE_BIND_TIMEOUT='soon' is not a number"),
+    (["--max-concurrent-binds", "0"], {}, "--max-concurrent-binds 0 must be from 1 to 1024"),
+    ([], {"GPUSHARE_MAX_BODY_BYTES": "100"}, "--max-body-bytes 100 must be from 65536"),
 ])
 def test_bad_config_is_a_sentence(monkeypatch: pytest.MonkeyPatch, argv: list[str], env: dict[str, str],
                                   message: str) -> None:
@@ -100,6 +104,15 @@ def test_bad_config_is_a_sentence(monkeypatch: pytest.MonkeyPatch, argv: list[st
         monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         parse_config(argv)
+
+
+def test_limits_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_config([]).bind_timeout_s == 3.0
+    monkeypatch.setenv("GPUSHARE_BIND_TIMEOUT", "2.5")
+    monkeypatch.setenv("GPUSHARE_MAX_CONCURRENT_BINDS", "8")
+    config = parse_config(["--max-body-bytes", "1048576"])
+    assert (config.bind_timeout_s, config.max_binds, config.max_body_bytes) == (2.5, 8, 1048576)
+    assert parse_config(["--bind-timeout", "4"]).bind_timeout_s == 4.0
 
 
 def test_bad_config_exits_with_status_2() -> None:

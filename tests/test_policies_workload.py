@@ -98,7 +98,7 @@ def test_seed_files_round_trip_in_yaml_and_json(tmp_path: Path) -> None:
     ("shapes: []", "needs a non-empty list under 'shapes'"),
     ("{not yaml", "is not valid YAML or JSON"),
     ("shapes: [{gpuCount: one}]", "Shape 0 of the workload seed .* is invalid"),
-    ("shapes: [{gpuCount: 1, perGPU: 5, weight: -1}]", "Shape 0 .*negative weight"),
+    ("shapes: [{gpuCount: 1, perGPU: 5, weight: -1}]", "Shape 0 .*weight must be a number from 0 to"),
     ("shapes: [{gpuCount: -1}]", "Shape 0 .*negative amounts"),
 ])
 def test_bad_seed_files_are_refused_with_a_reason(tmp_path: Path, text: str, message: str) -> None:
@@ -116,5 +116,5 @@ def test_a_missing_seed_file_says_which(tmp_path: Path) -> None:
 def test_invalid_settings_and_empty_seeds_are_refused() -> None:
     with pytest.raises(ValueError, match="half_life and refresh_every must be positive"):
         WorkloadDistribution(coverage=1.5)
-    with pytest.raises(ValueError, match="at least one shape with a positive weight"):
+    with pytest.raises(ValueError, match="at least one shape with a positive, finite weight"):
         WorkloadDistribution().seed({SMALL: 0.0})

@@ -27,7 +27,6 @@ class NodeSummary:
     cpu_free: int
     memory_free: int
     frees: tuple[int, ...]  # free units of each GPU a shared pod could still use, largest first
-    empty: int  # GPUs nobody holds, for exclusive pods
     gpus: tuple[tuple[str, int, int, bool], ...]  # (model, free, compute used, nobody holds it) per open GPU
 
 
@@ -77,7 +76,6 @@ def summarise(node: Node) -> NodeSummary:
         cpu_free=node.cpu_milli - node.cpu_used if node.cpu_milli else UNBOUNDED,
         memory_free=node.memory_mib - node.memory_used if node.memory_mib else UNBOUNDED,
         frees=tuple(sorted((g.total - g.used for g in usable), reverse=True)),
-        empty=sum(1 for g in usable if g.holders == 0 and g.used == 0),
         gpus=tuple((g.model, g.total - g.used, g.compute_used, g.holders == 0 and g.used == 0) for g in open_gpus),
     )
 
@@ -86,9 +84,7 @@ def fit_check(request: PodRequest) -> Callable[[NodeSummary], bool]:
     """Whether a node with this summary admits the request: the same answer as ``Node.fits``."""
     per_gpu, need, cpu, memory = request.per_gpu, request.gpu_count, request.cpu_milli, request.memory_mib
     compute, exclusive, models = request.compute_percent, request.exclusive, request.models
-    if not compute and not models.include and not models.exclude:
-        if exclusive:
-            return lambda s: s.cpu_free >= cpu and s.memory_free >= memory and s.empty >= need
+    if not compute and not models.include and not models.exclude and not exclusive:
         k = need - 1
         return lambda s: s.cpu_free >= cpu and s.memory_free >= memory and len(s.frees) > k and s.frees[k] >= per_gpu
 
@@ -96,7 +92,8 @@ def fit_check(request: PodRequest) -> Callable[[NodeSummary], bool]:
         if s.cpu_free < cpu or s.memory_free < memory:
             return False
         hosts = sum(1 for model, free, compute_used, idle in s.gpus if models.accepts(model) and (
-            idle if exclusive else free >= per_gpu and compute_used + compute <= 100))
+            # An idle GPU's free memory is its total: an exclusive pod needs one at least as big as its share.
+            idle and free >= per_gpu if exclusive else free >= per_gpu and compute_used + compute <= 100))
         return hosts >= need
 
     return check

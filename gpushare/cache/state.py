@@ -87,6 +87,10 @@ class ClusterCache:
     def node_names(self) -> list[str]:
         return sorted(self._summaries)
 
+    def unknown(self, names: Iterable[str]) -> list[str]:
+        """The names of ``names`` that are no node in the cache (one C-level pass)."""
+        return list(filterfalse(self._summaries.__contains__, names))
+
     @contextmanager
     def locked(self, name: str) -> Iterator[Node | None]:
         """The node's state under its lock, or ``None`` for a node the cache does not know."""

@@ -13,16 +13,23 @@ between refreshes, which lets callers cache them against ``version``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from gpushare.contract import ModelRule, PodRequest
+from gpushare.contract import MAX_GPU_COUNT, ModelRule, PodRequest
+from gpushare.quantity import INT64_MAX
 
 # Per observation the newest weight grows by 2**(1/half_life); rescale before floats lose precision.
 _RESCALE_ABOVE = 1e12
+# Distinct shapes the histogram keeps. Real workloads have tens to a few hundred (the openb trace: about 100); a
+# new shape beyond this replaces the lightest one, so no stream of odd pods can grow the model without bound.
+MAX_SHAPES = 512
+# A seed's total weight counts as at most this many pods, so a seed file cannot pin the model forever.
+MAX_SEED_OBSERVATIONS = 1e9
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +82,8 @@ class Shape:
                     models=ModelRule(names("models"), names("excludeModels"), bool(data.get("substring", False))))
         if shape.gpu_count < 0 or shape.per_gpu < 0 or shape.cpu_milli < 0:
             raise ValueError(f"negative amounts in {dict(data)}")
+        if shape.gpu_count > MAX_GPU_COUNT or max(shape.per_gpu, shape.cpu_milli) > INT64_MAX:
+            raise ValueError(f"gpuCount must be at most {MAX_GPU_COUNT} and perGPU and cpuMilli at most {INT64_MAX}")
         return shape
 
 
@@ -105,9 +114,11 @@ class WorkloadDistribution:
 
     def seed(self, weights: Mapping[Shape, float], observations: float = 1.0) -> None:
         """Add a known distribution as if ``observations`` pods with these relative weights had been seen."""
+        weights = {s: w for s, w in weights.items() if math.isfinite(w) and w > 0}
         total = sum(weights.values())
-        if total <= 0:
-            raise ValueError("A workload seed needs at least one shape with a positive weight.")
+        if total <= 0 or not math.isfinite(total):
+            raise ValueError("A workload seed needs at least one shape with a positive, finite weight.")
+        observations = min(observations, MAX_SEED_OBSERVATIONS)
         for shape, weight in weights.items():
             self._weights[shape] = self._weights.get(shape, 0.0) + weight / total * observations * self._increment
         # A seed counts as that many observations, so the quick refreshes of a cold start are skipped.
@@ -116,6 +127,8 @@ class WorkloadDistribution:
         self._adopt(self._build())
 
     def observe(self, shape: Shape) -> None:
+        if shape not in self._weights and len(self._weights) >= MAX_SHAPES:
+            del self._weights[min(self._weights, key=self._weights.__getitem__)]
         self._increment *= self._growth
         self._weights[shape] = self._weights.get(shape, 0.0) + self._increment
         if self._increment > _RESCALE_ABOVE:
@@ -178,8 +191,8 @@ def load_workload(path: str | Path) -> dict[Shape, float]:
             if not isinstance(entry, dict):
                 raise ValueError("not a mapping")
             weight = float(entry.get("weight", 1.0))
-            if weight < 0:
-                raise ValueError("negative weight")
+            if not 0 <= weight <= MAX_SEED_OBSERVATIONS:
+                raise ValueError(f"weight must be a number from 0 to {MAX_SEED_OBSERVATIONS:g}")
             shape = Shape.from_json(entry)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"Shape {i} of the workload seed {path} is invalid ({exc}); see docs/policies.md.") \
