@@ -235,11 +235,14 @@ class BindAnswer:
     error: str
 
 
-def bind_all(rig: Rig, pods: Sequence[dict[str, Any]], node_of: Callable[[int], str]) -> list[BindAnswer]:
-    """Filter each pod onto its node, then send every bind at once, as kube-scheduler's bind goroutines do."""
+def bind_all(rig: Rig, pods: Sequence[dict[str, Any]], node_of: Callable[[int], str],
+             fault: Callable[[], None] | None = None) -> list[BindAnswer]:
+    """Filter each pod onto its node, then send every bind at once, as kube-scheduler's bind goroutines do;
+    ``fault`` is injected 50 ms after the binds start."""
     with httpx.Client(base_url=rig.extender_url + PREFIX, timeout=60) as http:
         for i, pod in enumerate(pods):
             http.post("/filter", content=orjson.dumps({"Pod": pod, "NodeNames": [node_of(i)]}))
+        timer = threading.Timer(0.05, fault) if fault is not None else None
 
         def bind(item: tuple[int, dict[str, Any]]) -> BindAnswer:
             i, pod = item
@@ -255,7 +258,12 @@ def bind_all(rig: Rig, pods: Sequence[dict[str, Any]], node_of: Callable[[int], 
             return BindAnswer(meta["name"], time.perf_counter() - started, error)
 
         with ThreadPoolExecutor(len(pods) or 1) as pool:
-            return list(pool.map(bind, enumerate(pods)))
+            if timer is not None:
+                timer.start()
+            answers = list(pool.map(bind, enumerate(pods)))
+        if timer is not None:
+            timer.join()
+        return answers
 
 
 def retry_unbound(rig: Rig, pods: Sequence[dict[str, Any]], node_of: Callable[[int], str]) -> int:
@@ -323,15 +331,20 @@ def spread(i: int) -> str:
 def freeze(rig: Rig, pods: int, freeze_s: float) -> Outcome:
     created = rig.create_pods("frozen", pods)
     assert rig.api is not None
+    api = rig.api
     with HealthProbe(rig.extender_url) as probe:
-        timer = threading.Timer(0.05, rig.api.signal, (signal.SIGSTOP,))
-        timer.start()
+        frozen_at = 0.0
+
+        def freeze_api() -> None:
+            nonlocal frozen_at
+            api.signal(signal.SIGSTOP)
+            frozen_at = time.monotonic()
+
         try:
-            answers = bind_all(rig, created, spread)
+            answers = bind_all(rig, created, spread, fault=freeze_api)
+            time.sleep(max(0.0, freeze_s - (time.monotonic() - frozen_at)))
         finally:
-            timer.join()
-            time.sleep(max(0.0, freeze_s - max(a.seconds for a in answers)))
-            rig.api.signal(signal.SIGCONT)
+            api.signal(signal.SIGCONT)
         started = time.monotonic()
         retried = retry_unbound(rig, created, spread)
         recovery = time.monotonic() - started
@@ -364,10 +377,7 @@ def restart_empty(rig: Rig, pods: int) -> Outcome:
 def kill_extender(rig: Rig, pods: int) -> Outcome:
     created = rig.create_pods("burst", pods)
     assert rig.extender is not None
-    timer = threading.Timer(0.05, rig.extender.kill)
-    timer.start()
-    answers = bind_all(rig, created, spread)
-    timer.join()
+    answers = bind_all(rig, created, spread, fault=rig.extender.kill)
     started = time.monotonic()
     rig.start_extender()
     with HealthProbe(rig.extender_url) as probe:
