@@ -35,8 +35,9 @@ class ListCall(Protocol):
     """A generated list call of the client (``CoreV1Api.list_node`` and kin), which also opens watches."""
 
     def __call__(self, *, _preload_content: bool, watch: bool = ..., resource_version: str = ...,
-                 allow_watch_bookmarks: bool = ..., timeout_seconds: int = ...,
-                 field_selector: str | None = ..., label_selector: str | None = ...) -> urllib3.BaseHTTPResponse: ...
+                 allow_watch_bookmarks: bool = ..., timeout_seconds: int = ..., limit: int = ...,
+                 _continue: str = ..., field_selector: str | None = ...,
+                 label_selector: str | None = ...) -> urllib3.BaseHTTPResponse: ...
 
 
 def _list_call(method: Callable[..., object]) -> ListCall:
