@@ -208,7 +208,7 @@ class Pods(_Resource):
             metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
         # Raw reply: the client's model for Binding fails to deserialize some servers' answers.
-        self._send(_Action(f"bind pod {namespace}/{name} to node {node}", "create", "pods/binding"),
+        self._send(_Action(f"bind pod {namespace}/{name} to node {node}", "create", "bindings"),
                    self._core.create_namespaced_binding, namespace, body, timeout_s=timeout_s)
 
     def record_event(self, namespace: str, name: str, uid: str, *, reason: str, message: str, component: str,
