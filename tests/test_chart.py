@@ -60,7 +60,7 @@ def scheduler_config(docs: Docs) -> dict[str, Any]:
 
 
 def test_every_scenario_renders(rendered: dict[str, Docs]) -> None:
-    assert set(rendered) == {"default", "second-scheduler", "ha-tls-monitoring", "self-managed", "policy"}
+    assert set(rendered) == {"default", "second-scheduler", "ha-tls-monitoring", "self-managed", "policy", "mps"}
 
 
 def test_extender_runs_restricted(rendered: dict[str, Docs]) -> None:
@@ -97,6 +97,7 @@ def test_device_plugin_daemonset(rendered: dict[str, Docs]) -> None:
     pod = daemonset["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"gpushare": "true"}
     assert "hostNetwork" not in pod
+    assert pod["hostPID"] is True, "the per-pod overuse check reads host PIDs' cgroups"
     assert {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v} == {
         "device-plugins": "/var/lib/kubelet/device-plugins", "pod-resources": "/var/lib/kubelet/pod-resources"}
     plugin = container(daemonset)
@@ -120,15 +121,14 @@ def rules(docs: Docs, name: str) -> list[tuple[tuple[str, ...], tuple[str, ...],
 def test_rbac_is_least_privilege(rendered: dict[str, Docs]) -> None:
     docs = rendered["default"]
     assert rules(docs, "gpushare-extender") == [
-        (("",), ("nodes",), ("get", "list", "watch")),
+        (("",), ("nodes",), ("list", "watch")),
         (("",), ("pods",), ("get", "list", "watch", "patch")),
-        (("",), ("pods/binding", "bindings"), ("create",)),
-        (("", "events.k8s.io"), ("events",), ("create", "patch")),
+        (("",), ("bindings",), ("create",)),
+        (("",), ("events",), ("create",)),
     ]
     assert rules(docs, "gpushare-device-plugin") == [
         (("",), ("pods",), ("get", "list", "watch", "patch")),
-        (("",), ("nodes",), ("get", "patch")),
-        (("",), ("nodes/status",), ("get", "patch")),
+        (("",), ("nodes", "nodes/status"), ("patch",)),
     ]
     for scenario in rendered.values():
         for doc in scenario:
@@ -149,14 +149,28 @@ def test_second_scheduler(rendered: dict[str, Docs]) -> None:
     docs = rendered["second-scheduler"]
     scheduler = find(docs, "Deployment", "gpushare-scheduler")
     kube_scheduler = container(scheduler)
-    assert kube_scheduler["image"] == "registry.k8s.io/kube-scheduler:v1.30.14"
+    # No tag given: the cluster's own version (Helm's default when rendering offline), so the skew is zero.
+    assert kube_scheduler["image"].startswith("registry.k8s.io/kube-scheduler:v1.")
+    assert scheduler["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "registry-credentials"}]
     assert "--config=/etc/kubernetes/gpushare/scheduler-config.yaml" in kube_scheduler["command"]
     assert kube_scheduler["securityContext"]["readOnlyRootFilesystem"] is True
     volumes = scheduler["spec"]["template"]["spec"]["volumes"]
     assert {"name": "config", "configMap": {"name": "gpushare-scheduler-config"}} in volumes
-    assert scheduler_config(docs) == schedconfig.kube_scheduler_configuration(
-        ExtenderOptions(url_prefix=EXTENDER_URL),
-        SchedulerOptions(scheduler_name="gpushare-scheduler", lease_namespace="kube-system"))
+    [entry] = scheduler_config(docs)["extenders"]
+    assert entry["urlPrefix"] == EXTENDER_URL.replace("http://", "https://")
+    assert entry["tlsConfig"] == {"insecure": False, "caFile": "/etc/gpushare/scheduler-tls/ca.crt",
+                                  "certFile": "/etc/gpushare/scheduler-tls/tls.crt",
+                                  "keyFile": "/etc/gpushare/scheduler-tls/tls.key"}
+    client_tls = next(v for v in scheduler["spec"]["template"]["spec"]["volumes"] if v["name"] == "scheduler-tls")
+    assert client_tls["secret"]["secretName"] == "gpushare-scheduler-client-tls"
+    policy = find(docs, "NetworkPolicy")["spec"]
+    assert [f["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for f in policy["ingress"][0]["from"]] == [
+        "second-scheduler", "extender"]
+    # Names outside the release namespace carry the release's, so two releases' schedulers never collide.
+    cluster_scoped = {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"
+                      and d["subjects"][0]["name"] == "gpushare-scheduler"}
+    assert cluster_scoped == {"gpushare-gpushare-scheduler-as-kube-scheduler",
+                              "gpushare-gpushare-scheduler-as-volume-scheduler"}
     bound = {(d["kind"], d["roleRef"]["name"], d["metadata"].get("namespace")) for d in docs
              if d["kind"] in ("ClusterRoleBinding", "RoleBinding") and d["subjects"][0]["name"] == "gpushare-scheduler"}
     assert bound == {("ClusterRoleBinding", "system:kube-scheduler", None),
@@ -180,14 +194,18 @@ def test_ha_tls_and_monitoring(rendered: dict[str, Docs]) -> None:
     assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in extender["env"]} == {
         "POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_IP": "status.podIP"}
     assert extender["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
-    assert find(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    assert find(docs, "PodDisruptionBudget", "gpushare-extender")["spec"]["minAvailable"] == 1
     lease = find(docs, "Role", "gpushare-extender-leader-election")
-    assert lease["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                               "verbs": ["get", "create", "update"]}]
+    assert lease["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+                              {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                               "resourceNames": ["gpushare-extender"], "verbs": ["get", "update"]}]
+    assert "--tls-client-ca=/etc/gpushare/tls/client-ca.crt" in extender["args"]
+    assert find(docs, "PodDisruptionBudget", "gpushare-scheduler")["spec"]["minAvailable"] == 1
+    assert "podAntiAffinity" in find(docs, "Deployment", "gpushare-scheduler")["spec"]["template"]["spec"]["affinity"]
     [entry] = scheduler_config(docs)["extenders"]
     assert entry["urlPrefix"] == "https://gpushare-extender.kube-system.svc:39999/gpushare-scheduler"
     assert entry["enableHTTPS"] is True
-    assert entry["tlsConfig"] == {"insecure": False, "caFile": "/etc/gpushare/tls/ca.crt"}
+    assert entry["tlsConfig"] == {"insecure": False, "caFile": "/etc/gpushare/scheduler-tls/ca.crt"}
     monitor = find(docs, "ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
@@ -195,24 +213,58 @@ def test_ha_tls_and_monitoring(rendered: dict[str, Docs]) -> None:
     assert find(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
 
 
-def test_self_managed_control_plane(rendered: dict[str, Docs]) -> None:
+def test_kubeadm_control_plane_reaches_its_extender_on_the_host_network(rendered: dict[str, Docs]) -> None:
     docs = rendered["self-managed"]
-    port = find(docs, "Service", "gpushare-extender")["spec"]
-    assert port["type"] == "NodePort" and port["ports"][0]["nodePort"] == 32766
-    extender = find(docs, "Deployment", "gpushare-extender")
-    assert extender["spec"]["template"]["spec"]["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
-    assert "--unit=MiB" in container(extender)["args"] and "--policy=spread" in container(extender)["args"]
-    plugin = find(docs, "DaemonSet")
+    extender = find(docs, "DaemonSet", "gpushare-extender")
+    pod = extender["spec"]["template"]["spec"]
+    # Beside each static kube-scheduler, on its network: 127.0.0.1 needs neither cluster DNS nor kube-proxy.
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert pod["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
+    assert {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"]
+    args = container(extender)["args"]
+    assert {"--port=39999", "--leader-elect", "--tls-cert=/etc/gpushare/tls/tls.crt",
+            "--tls-client-ca=/etc/gpushare/tls/client-ca.crt", "--unit=MiB", "--policy=spread"} <= set(args)
+    assert "NetworkPolicy" not in kinds(docs), "host-network pods are outside NetworkPolicy; mutual TLS guards them"
+    config = scheduler_config(docs)
+    assert config["clientConnection"] == {"kubeconfig": "/etc/kubernetes/scheduler.conf"}
+    [entry] = config["extenders"]
+    assert entry["urlPrefix"] == "https://127.0.0.1:39999/gpushare-scheduler"
+    assert entry["tlsConfig"] == {"insecure": False, "caFile": "/etc/kubernetes/gpushare/ca.crt",
+                                  "certFile": "/etc/kubernetes/gpushare/tls.crt",
+                                  "keyFile": "/etc/kubernetes/gpushare/tls.key"}
+    assert entry["weight"] == 10
+
+
+def test_hami_core_is_installed_on_the_hosts_the_plugin_names(rendered: dict[str, Docs]) -> None:
+    plugin = find(rendered["self-managed"], "DaemonSet", "gpushare-device-plugin")
     pod = plugin["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"gpushare": "true", "nvidia.com/gpu.present": "true"}
     assert pod["runtimeClassName"] == "nvidia"
-    assert {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v} == {
-        "/var/lib/k0s/kubelet/device-plugins", "/var/lib/k0s/kubelet/pod-resources"}
-    assert container(plugin)["args"][-1] == "--hami-library=/opt/vgpu/libvgpu.so"
-    assert {"--unit=MiB", "--isolation=hami-core", "--log-level=DEBUG"} <= set(container(plugin)["args"])
-    assert scheduler_config(docs) == schedconfig.kube_scheduler_configuration(
-        ExtenderOptions(url_prefix="http://127.0.0.1:32766/gpushare-scheduler", weight=10),
-        SchedulerOptions(client_kubeconfig="/etc/kubernetes/scheduler.conf"))
+    [init] = pod["initContainers"]
+    assert init["image"] == "docker.io/projecthami/hami:v2.6.0"
+    script = init["args"][0]
+    assert "/k8s-vgpu/lib/nvidia/libvgpu.so*" in script and "mv -f /host-vgpu/libvgpu.so.tmp" in script
+    assert "echo /usr/local/vgpu/libvgpu.so > /host-vgpu/ld.so.preload.tmp" in script
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert host == {"device-plugins": "/var/lib/k0s/kubelet/device-plugins",
+                    "pod-resources": "/var/lib/k0s/kubelet/pod-resources", "hami-core": "/usr/local/vgpu"}
+    assert {"--hami-library=/usr/local/vgpu/libvgpu.so", "--hami-preload=/usr/local/vgpu/ld.so.preload",
+            "--isolation=hami-core"} <= set(container(plugin)["args"])
+
+
+def test_mps_daemon_and_its_mounts(rendered: dict[str, Docs]) -> None:
+    docs = rendered["mps"]
+    plugin = container(find(docs, "DaemonSet", "gpushare-device-plugin"))
+    assert plugin["image"] == ("ghcr.io/gpushare/gpushare@sha256:"
+                               "0000000000000000000000000000000000000000000000000000000000000001")
+    assert "--mps-pipe-dir=/tmp/nvidia-mps" in plugin["args"]
+    daemon = find(docs, "DaemonSet", "gpushare-mps-control")
+    pod = daemon["spec"]["template"]["spec"]
+    assert pod["hostIPC"] is True
+    assert container(daemon)["command"] == ["nvidia-cuda-mps-control", "-f"]
+    assert {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]} == {
+        "mps-pipe": "/tmp/nvidia-mps", "mps-log": "/var/log/nvidia-mps", "shm": "/dev/shm"}
 
 
 def test_policy_file_for_old_control_planes(rendered: dict[str, Docs]) -> None:
@@ -244,7 +296,13 @@ def render_values(tmp_path: Path, rendered: dict[str, Docs]) -> Iterator[Any]:
     ({"memoryUnit": "TiB"}, "at '/memoryUnit': value must be one of 'GiB', 'MiB'"),
     ({"devicePlugin": {"isolation": "mig"}}, "at '/devicePlugin/isolation'"),
     ({"extender": {"tls": {"enabled": True}}}, "extender.tls.enabled needs extender.tls.secretName"),
-    ({"secondScheduler": {"enabled": True, "image": {"tag": "v1.22.17"}}},
+    ({}, "The extender would accept filter, prioritize and bind from anyone who reaches it"),
+    ({"extender": {"replica": 3, "insecure": {"acknowledged": True}}},
+     "additional properties 'replica' not allowed"),
+    ({"devicePlugin": {"tolerations": {}}, "extender": {"insecure": {"acknowledged": True}}},
+     "at '/devicePlugin/tolerations'"),
+    ({"secondScheduler": {"enabled": True, "image": {"tag": "v1.22.17"}},
+      "extender": {"insecure": {"acknowledged": True}}},
      "secondScheduler.image.tag must be v1.23 or newer"),
     ({"extender": {"bindTimeoutSeconds": 9.5}}, "must be at least 1 s below schedulerConfig.httpTimeoutSeconds"),
     ({"extender": {"maxConcurrentBinds": 0}}, "at '/extender/maxConcurrentBinds'"),

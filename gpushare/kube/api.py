@@ -35,8 +35,9 @@ class ListCall(Protocol):
     """A generated list call of the client (``CoreV1Api.list_node`` and kin), which also opens watches."""
 
     def __call__(self, *, _preload_content: bool, watch: bool = ..., resource_version: str = ...,
-                 allow_watch_bookmarks: bool = ..., timeout_seconds: int = ...,
-                 field_selector: str | None = ..., label_selector: str | None = ...) -> urllib3.BaseHTTPResponse: ...
+                 allow_watch_bookmarks: bool = ..., timeout_seconds: int = ..., limit: int = ...,
+                 _continue: str = ..., field_selector: str | None = ...,
+                 label_selector: str | None = ...) -> urllib3.BaseHTTPResponse: ...
 
 
 def _list_call(method: Callable[..., object]) -> ListCall:
@@ -207,7 +208,7 @@ class Pods(_Resource):
             metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
         # Raw reply: the client's model for Binding fails to deserialize some servers' answers.
-        self._send(_Action(f"bind pod {namespace}/{name} to node {node}", "create", "pods/binding"),
+        self._send(_Action(f"bind pod {namespace}/{name} to node {node}", "create", "bindings"),
                    self._core.create_namespaced_binding, namespace, body, timeout_s=timeout_s)
 
     def record_event(self, namespace: str, name: str, uid: str, *, reason: str, message: str, component: str,

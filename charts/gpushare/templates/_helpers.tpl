@@ -24,8 +24,22 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
+{{/* repository:tag, or repository@digest when a digest is given: dict "image" <values> "tag" <default tag>. */}}
+{{- define "gpushare.imageRef" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .image.repository (default .tag .image.tag) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "gpushare.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- include "gpushare.imageRef" (dict "image" .Values.image "tag" .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* The second scheduler's version: its image tag, else the cluster's own (v1.30.4, without a vendor suffix). */}}
+{{- define "gpushare.secondSchedulerTag" -}}
+{{- default (regexReplaceAll "[-+].*$" .Capabilities.KubeVersion.Version "") .Values.secondScheduler.image.tag -}}
 {{- end -}}
 
 {{- define "gpushare.extenderName" -}}
@@ -39,6 +53,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "gpushare.extenderURL" -}}
 {{- if .Values.schedulerConfig.urlPrefix -}}
 {{- .Values.schedulerConfig.urlPrefix -}}
+{{- else if .Values.extender.controlPlane.enabled -}}
+{{- printf "%s://127.0.0.1:%d/gpushare-scheduler" (ternary "https" "http" .Values.extender.tls.enabled) (int .Values.extender.port) -}}
 {{- else -}}
 {{- printf "%s://%s.%s.svc:%d/gpushare-scheduler" (ternary "https" "http" .Values.extender.tls.enabled) (include "gpushare.extenderName" .) .Release.Namespace (int .Values.extender.service.port) -}}
 {{- end -}}
@@ -48,7 +64,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
      schedulerConfig.kubeVersion, else the cluster's. */}}
 {{- define "gpushare.schedulerVersion" -}}
 {{- if .Values.secondScheduler.enabled -}}
-{{- .Values.secondScheduler.image.tag -}}
+{{- include "gpushare.secondSchedulerTag" . -}}
 {{- else if .Values.schedulerConfig.kubeVersion -}}
 {{- .Values.schedulerConfig.kubeVersion -}}
 {{- else -}}
@@ -60,16 +76,33 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if semverCompare "<1.23-0" (include "gpushare.schedulerVersion" .) -}}true{{- end -}}
 {{- end -}}
 
-{{- define "gpushare.extenderTLSConfig" -}}
-{{- $tls := dict "insecure" .Values.schedulerConfig.tls.insecure -}}
-{{- $caFile := .Values.schedulerConfig.tls.caFile -}}
-{{- if and (not $caFile) .Values.secondScheduler.enabled .Values.extender.tls.enabled -}}
-{{- $caFile = "/etc/gpushare/tls/ca.crt" -}}
+{{/* Where kube-scheduler finds its client certificate and the extender's CA: the mounted Secret for the
+     second scheduler, schedulerConfig.tls.certDir on a control-plane node. */}}
+{{- define "gpushare.schedulerCertDir" -}}
+{{- ternary "/etc/gpushare/scheduler-tls" .Values.schedulerConfig.tls.certDir .Values.secondScheduler.enabled -}}
 {{- end -}}
-{{- if $caFile -}}
-{{- $_ := set $tls "caFile" $caFile -}}
+
+{{- define "gpushare.extenderTLSConfig" -}}
+{{- $dir := include "gpushare.schedulerCertDir" . -}}
+{{- $tls := dict "insecure" false "caFile" (printf "%s/ca.crt" $dir) -}}
+{{- if .Values.schedulerConfig.tls.clientSecretName -}}
+{{- $_ := set $tls "certFile" (printf "%s/tls.crt" $dir) -}}
+{{- $_ := set $tls "keyFile" (printf "%s/tls.key" $dir) -}}
 {{- end -}}
 {{- toJson $tls -}}
+{{- end -}}
+
+{{/* Mutual TLS is on when the extender verifies client certificates. */}}
+{{- define "gpushare.mutualTLS" -}}
+{{- if and .Values.extender.tls.enabled .Values.extender.tls.clientCAKey -}}true{{- end -}}
+{{- end -}}
+
+{{- define "gpushare.clientKubeconfig" -}}
+{{- if .Values.schedulerConfig.clientKubeconfig -}}
+{{- .Values.schedulerConfig.clientKubeconfig -}}
+{{- else if and .Values.extender.controlPlane.enabled (not .Values.secondScheduler.enabled) -}}
+/etc/kubernetes/scheduler.conf
+{{- end -}}
 {{- end -}}
 
 {{- define "gpushare.managedResources" -}}
@@ -93,7 +126,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $_ := set $leader "resourceNamespace" .Release.Namespace -}}
 {{- $_ := set $config "profiles" (list (dict "schedulerName" .Values.secondScheduler.name)) -}}
 {{- end -}}
-{{- with .Values.schedulerConfig.clientKubeconfig -}}
+{{- with include "gpushare.clientKubeconfig" . -}}
 {{- $_ := set $config "clientConnection" (dict "kubeconfig" .) -}}
 {{- end -}}
 {{- toYaml $config -}}
