@@ -10,6 +10,7 @@ from extender.wire import NODE_NAMES_SHAPE, BadRequest, ExtenderArgs, filter_res
 from gpushare.cache.state import ClusterCache
 from gpushare.model import Node
 from gpushare.policies import extender_scores
+from gpushare.policies.base import InventoryAware
 
 
 def _check_names(names: Iterable[object]) -> None:
@@ -51,6 +52,9 @@ class Verbs:
             policy = self.book.for_request(wanted)
         except ValueError:  # filter has already told kube-scheduler why
             return [{"Host": name, "Score": 0} for name in names]
+
+        if isinstance(policy, InventoryAware):
+            policy.observe_inventory(self.cache.gpu_capacity())
 
         def score(node: Node) -> float | None:
             candidate = policy.evaluate(node, wanted)

@@ -62,7 +62,7 @@ HAMI_NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"
 HAMI_GPU_POLICY = "hami.io/gpu-scheduler-policy"
 KUBESHARE_GPU_MODEL = "sharedgpu/gpu_model"
 
-POLICY_NAMES = ("binpack", "spread", "fgd", "fgd-lookahead")
+POLICY_NAMES = ("binpack", "spread", "fgd", "fgd-lookahead", "fgd-scarcity")
 
 
 class MemoryUnit(StrEnum):

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from gpushare.cache.fitindex import MAX_FIT_SETS, FilterOutcome, FitSet, NodeSummary, fit_check, shape_key, summarise
 from gpushare.contract import MemoryUnit, NodeInfo, PodInfo, PodRequest, read_assignment
-from gpushare.model import Node, Placement, build_node, placement_of
+from gpushare.model import Node, Placement, build_node, gpu_capacity, placement_of
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +76,21 @@ class ClusterCache:
         self._reservations: dict[str, Reservation] = {}
         self._index_lock = threading.Lock()
         self._fit_sets: dict[tuple[Any, ...], FitSet] = {}
+        self._capacity: dict[str, int] | None = None
 
     # -- reading -------------------------------------------------------------------------------------------
 
     def node_names(self) -> list[str]:
         return sorted(self._summaries)
+
+    def gpu_capacity(self) -> dict[str, int]:
+        """GPU memory per model over every known node's healthy GPUs; recomputed only after a node changed
+        (prioritize asks for it per pod, placements do not change it)."""
+        capacity = self._capacity
+        if capacity is None:
+            states = [e.state for e in list(self._entries.values()) if e.info is not None]
+            capacity = self._capacity = gpu_capacity(states)
+        return capacity
 
     @contextmanager
     def locked(self, name: str) -> Iterator[Node | None]:
@@ -239,6 +249,7 @@ class ClusterCache:
                 state.add(key, placement)
             entry.info = info
             entry.state = state
+            self._capacity = None
             self._refresh(entry)
 
     def delete_node(self, name: str) -> None:
@@ -249,6 +260,7 @@ class ClusterCache:
             old = entry.state
             entry.info = None
             entry.state = Node(name=name, gpus=[])
+            self._capacity = None
             for key, placement in old.placements.items():
                 entry.state.add(key, placement)
             self._refresh(entry)

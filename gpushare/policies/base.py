@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from gpushare.contract import PodRequest
 from gpushare.model import GPU, Node
@@ -34,6 +34,15 @@ class Policy(Protocol):
 
     def observe(self, request: PodRequest) -> None:
         """Learn from a pod the scheduler has seen (policies that model the workload use it)."""
+        ...
+
+
+@runtime_checkable
+class InventoryAware(Protocol):
+    """A policy that weighs GPUs by how much of the cluster's capacity their model is."""
+
+    def observe_inventory(self, capacity: Mapping[str, int]) -> None:
+        """The cluster's GPU memory per model (healthy GPUs, memory units), whenever it may have changed."""
         ...
 
 
