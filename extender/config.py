@@ -62,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--context", default=None, help="kubeconfig context to use (default: its current-context)")
     parser.add_argument("--workload-seed", type=Path, default=None,
                         help="YAML or JSON file of task shapes and weights (weights count as pods) that the "
-                             "learning policies (fgd, fgd-lookahead) start from; see docs/policies.md")
+                             "learning policies (fgd, fgd-lookahead, fgd-scarcity) start from; see docs/policies.md")
     ha = parser.add_argument_group("high availability (several replicas, one of which binds)")
     ha.add_argument("--leader-elect", action="store_true",
                     help="elect one replica to bind through a Lease; the others forward binds to it")

@@ -80,7 +80,8 @@ def test_the_fast_replay_decides_exactly_like_choose_node(trace: Path, name: str
     pods = openb.load_pods(trace)
     order = openb.arrival_order(pods, seed, openb.capacity(openb.load_nodes(trace)))
     fast_nodes = openb.build_nodes(openb.load_nodes(trace))
-    fast = [(d.pod, d.node, d.gpus) for d in replay.replay(fast_nodes, order, replay.build_policy(name, pods, fast_nodes), seed)]
+    fast_policy = replay.build_policy(name, pods, fast_nodes)
+    fast = [(d.pod, d.node, d.gpus) for d in replay.replay(fast_nodes, order, fast_policy, seed)]
     nodes = openb.build_nodes(openb.load_nodes(trace))
     policy = replay.build_policy(name, pods, nodes)
     slow: list[tuple[str, str | None, tuple[int, ...]]] = []
