@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from gpushare.contract import PodRequest
 from gpushare.model import Node
 from gpushare.policies import Candidate, Policy, node_priority
+from gpushare.policies.base import policy_version
 
 Signature = Hashable
 RequestKey = Hashable
@@ -36,12 +37,6 @@ def request_key(request: PodRequest) -> RequestKey:
     """Everything about a request that ``evaluate`` reads (not the policy override or container names)."""
     return (request.gpu_count, request.per_gpu, request.exclusive, request.compute_percent, request.models,
             request.cpu_milli, request.memory_mib)
-
-
-def policy_version(policy: Policy) -> int:
-    """Policies that learn expose ``version``; it changes whenever their answers may change."""
-    version = getattr(policy, "version", 0)
-    return version if isinstance(version, int) else 0
 
 
 @dataclass(slots=True)

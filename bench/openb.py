@@ -39,10 +39,18 @@ from gpushare.model import GPU, Node
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "openb"
 NODE_FILE = "openb_node_list_gpu_node.csv"
+# The shared folder's nine pod lists, by family: the default, model constraints, multi-GPU demand, fractional
+# pods and CPU-only work (``--suite shared`` replays them all).
 TRACES = {
     "default": "openb_pod_list_default.csv",
     "gpuspec10": "openb_pod_list_gpuspec10.csv",
+    "gpuspec20": "openb_pod_list_gpuspec20.csv",
     "multigpu20": "openb_pod_list_multigpu20.csv",
+    "multigpu30": "openb_pod_list_multigpu30.csv",
+    "gpushare40": "openb_pod_list_gpushare40.csv",
+    "gpushare60": "openb_pod_list_gpushare60.csv",
+    "cpu050": "openb_pod_list_cpu050.csv",
+    "cpu100": "openb_pod_list_cpu100.csv",
 }
 GPU_UNITS = 1000
 TUNE_FACTOR = 1.3
@@ -133,10 +141,25 @@ def load_nodes(data_dir: Path = DEFAULT_DATA) -> list[TraceNode]:
             for row in _rows(path, ("sn", "cpu_milli", "memory_mib", "gpu", "model"))]
 
 
+def trace_path(data_dir: Path, trace: str) -> Path:
+    """The pod list of a named trace in ``data_dir``, or ``trace`` itself when it names a CSV file."""
+    if trace in TRACES:
+        return Path(data_dir) / TRACES[trace]
+    if trace.endswith(".csv"):
+        return Path(trace)
+    raise TraceError(f"Unknown trace {trace!r}; choose one of {', '.join(TRACES)} or pass a pod list CSV file.")
+
+
+def trace_name(trace: str) -> str:
+    """How a trace is labelled in tables: its name, or a pod list file's name without the openb prefix."""
+    if trace in TRACES:
+        return trace
+    return Path(trace).stem.removeprefix("openb_pod_list_")
+
+
 def load_pods(data_dir: Path = DEFAULT_DATA, trace: str = "default") -> list[TracePod]:
-    if trace not in TRACES:
-        raise TraceError(f"Unknown trace {trace!r}; choose one of {', '.join(TRACES)}.")
-    path = Path(data_dir) / TRACES[trace]
+    """The pods of a named trace in ``data_dir`` or of a pod list file (same columns as openb's)."""
+    path = trace_path(data_dir, trace)
     return [TracePod(name=row["name"], cpu_milli=_int(row, "cpu_milli", path),
                      memory_mib=_int(row, "memory_mib", path), num_gpu=_int(row, "num_gpu", path),
                      gpu_milli=_int(row, "gpu_milli", path), gpu_spec=row.get("gpu_spec") or "")

@@ -21,13 +21,14 @@ Program, cluster-trace-gpu-v2023 (CC BY 4.0).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -38,17 +39,24 @@ from tabulate import tabulate
 from bench import openb
 from bench.baselines import PaperBestFit
 from bench.engine import GroupedCluster
-from gpushare.model import Node
-from gpushare.policies import Policy, make_policy, policy_names
+from gpushare.model import Node, gpu_capacity
+from gpushare.policies import DEFAULT_POLICY, Policy, make_policy, policy_names
+from gpushare.policies.base import InventoryAware
 from gpushare.policies.fgd import FragmentationGradient
 from gpushare.policies.workload import WorkloadDistribution, count_shapes
 
 DEFAULT_OUT = openb.REPO_ROOT / "bench" / "out"
 REPORT_ARRIVALS = (100.0, 130.0)
+# Every policy is compared seed by seed with these two: the paper's method and the simplest packer.
+BASELINES = ("fgd", "binpack")
 FRAGMENTATION_ARRIVAL = 80.0
 CURVE_STEP = 0.5  # arrival% between the points of the recorded curve
 # Baselines for comparison only (``--policies bestfit``); the default runs gpushare's policies.
 BENCH_POLICIES = {"bestfit": PaperBestFit}
+# Policies that start from the trace's own shape histogram: the paper's FGD computes its target from the trace.
+SEEDED_POLICIES = frozenset({"fgd"})
+# What a replay runs unless told otherwise: the two baselines and the extender's default.
+SUITE_POLICIES = tuple(dict.fromkeys(("binpack", "fgd", DEFAULT_POLICY)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +78,7 @@ class RunResult:
     seconds: float
     evaluations: int
     curve: list[float] = field(default_factory=list)
+    trace: str = "default"
 
 
 def workload_for(trace_pods: Sequence[openb.TracePod]) -> WorkloadDistribution:
@@ -79,10 +88,16 @@ def workload_for(trace_pods: Sequence[openb.TracePod]) -> WorkloadDistribution:
     return workload
 
 
-def build_policy(name: str, trace_pods: Sequence[openb.TracePod]) -> Policy:
+def build_policy(name: str, trace_pods: Sequence[openb.TracePod], nodes: Sequence[Node]) -> Policy:
+    """The policy as the extender would run it on this cluster: it knows the cluster's GPU capacity per
+    model; only ``fgd`` (the paper's reproduction) starts from the trace's shape histogram, as the paper's
+    simulator does, every other learning policy learns online from the pods it sees."""
     if name in BENCH_POLICIES:
         return BENCH_POLICIES[name]()
-    return make_policy(name, workload=workload_for(trace_pods))
+    policy = make_policy(name, workload=workload_for(trace_pods) if name in SEEDED_POLICIES else None)
+    if isinstance(policy, InventoryAware):
+        policy.observe_inventory(gpu_capacity(nodes))
+    return policy
 
 
 def replay(nodes: list[Node], pods: Sequence[openb.TracePod], policy: Policy, seed: int) -> Iterator[Decision]:
@@ -113,14 +128,19 @@ def fragmentation_ratio(nodes: Sequence[Node], meter: FragmentationGradient) -> 
     return sum(meter.fragmentation(n) for n in nodes) / covered / idle
 
 
+@functools.lru_cache(maxsize=4)
+def _inputs(data_dir: Path, trace: str) -> tuple[list[openb.TraceNode], list[openb.TracePod]]:
+    """The trace's nodes and pods, read once per worker process (a suite runs many replays per trace)."""
+    return openb.load_nodes(data_dir), openb.load_pods(data_dir, trace)
+
+
 def run_one(data_dir: Path, trace: str, policy_name: str, seed: int) -> RunResult:
-    """One replay of one trace with one policy and one seed."""
-    trace_nodes = openb.load_nodes(data_dir)
-    trace_pods = openb.load_pods(data_dir, trace)
+    """One replay of one trace (a name in ``openb.TRACES`` or a pod list file) with one policy and seed."""
+    trace_nodes, trace_pods = _inputs(data_dir, trace)
     capacity = openb.capacity(trace_nodes)
     order = openb.arrival_order(trace_pods, seed, capacity)
     nodes = openb.build_nodes(trace_nodes)
-    policy = build_policy(policy_name, trace_pods)
+    policy = build_policy(policy_name, trace_pods, nodes)
     meter = FragmentationGradient(workload_for(trace_pods))
     demand = {p.name: p.gpu_demand for p in order}
     thresholds = sorted({*REPORT_ARRIVALS, FRAGMENTATION_ARRIVAL})
@@ -147,29 +167,32 @@ def run_one(data_dir: Path, trace: str, policy_name: str, seed: int) -> RunResul
     seconds = time.perf_counter() - started
     for reached in thresholds:
         unallocated.setdefault(f"{reached:g}", 100 - allocated / capacity * 100)
-    return RunResult(policy_name, seed, len(order), unallocated, ratio, seconds, cluster.evaluations, curve)
+    return RunResult(policy_name, seed, len(order), unallocated, ratio, seconds, cluster.evaluations, curve,
+                     openb.trace_name(trace))
 
 
-def run_all(data_dir: Path, trace: str, policies: Sequence[str], seeds: Sequence[int], jobs: int) -> list[RunResult]:
-    """Every policy x seed replay, in that order, with a progress bar on stderr (a full run takes minutes)."""
-    tasks = [(name, seed) for name in policies for seed in seeds]
+def run_all(data_dir: Path, traces: Sequence[str], policies: Sequence[str], seeds: Sequence[int],
+            jobs: int) -> list[RunResult]:
+    """Every trace x policy x seed replay, in that order, with a progress bar on stderr (a suite takes
+    minutes)."""
+    tasks = [(trace, name, seed) for trace in traces for name in policies for seed in seeds]
+    label = openb.trace_name(traces[0]) if len(traces) == 1 else f"{len(traces)} traces"
     # A line per finished replay as well as the bar: a log file or CI gets no bar, only the lines.
     with Progress(console=Console(stderr=True)) as progress:
-        bar = progress.add_task(f"{len(tasks)} replays of the {trace} trace", total=len(tasks))
+        bar = progress.add_task(f"{len(tasks)} replays of {label}", total=len(tasks))
 
         def done(result: RunResult) -> RunResult:
-            progress.console.print(f"{result.policy} seed {result.seed}: {result.seconds:.1f} s")
+            progress.console.print(f"{result.trace} {result.policy} seed {result.seed}: {result.seconds:.1f} s")
             progress.advance(bar)
             return result
 
         if jobs <= 1:
-            return [done(run_one(data_dir, trace, name, seed)) for name, seed in tasks]
+            return [done(run_one(data_dir, *task)) for task in tasks]
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures: list[Future[RunResult]] = [pool.submit(run_one, data_dir, trace, name, seed)
-                                                for name, seed in tasks]
-            for future in as_completed(futures):
+            futures = {task: pool.submit(run_one, data_dir, *task) for task in tasks}
+            for future in as_completed(futures.values()):
                 done(future.result())
-            return [f.result() for f in futures]
+            return [futures[task].result() for task in tasks]
 
 
 def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
@@ -177,6 +200,8 @@ def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
 
 
 def summarize(results: Sequence[RunResult], policies: Sequence[str]) -> list[dict[str, object]]:
+    """Per policy over the seeds of one trace: mean and sd of each metric, and the paired comparisons with
+    ``fgd`` and ``binpack`` (where they ran)."""
     rows: list[dict[str, object]] = []
     for name in policies:
         runs = [r for r in results if r.policy == name]
@@ -187,29 +212,106 @@ def summarize(results: Sequence[RunResult], policies: Sequence[str]) -> list[dic
         mean, sd = _mean_sd([r.fragmentation_ratio for r in runs])
         row["fragmentation_ratio_80"] = {"mean": mean, "sd": sd}
         row["seconds_per_run"] = statistics.fmean(r.seconds for r in runs)
+        for baseline in BASELINES:
+            for arrival in REPORT_ARRIVALS:
+                comparison = paired(results, name, baseline, arrival) if name != baseline else None
+                if comparison is not None:
+                    row[f"vs_{baseline}_{arrival:g}"] = comparison
         rows.append(row)
     return rows
 
 
-def paired(results: Sequence[RunResult], policy: str, baseline: str) -> dict[str, float] | None:
-    """How ``policy`` compares with ``baseline`` seed by seed at 100% arrival (negative = better)."""
-    base = {r.seed: r.unallocated["100"] for r in results if r.policy == baseline}
-    diffs = [r.unallocated["100"] - base[r.seed] for r in results if r.policy == policy and r.seed in base]
+def paired(results: Sequence[RunResult], policy: str, baseline: str,
+           arrival: float = 100.0) -> dict[str, float] | None:
+    """How ``policy`` compares with ``baseline`` seed by seed (negative = better)."""
+    key = f"{arrival:g}"
+    base = {r.seed: r.unallocated[key] for r in results if r.policy == baseline}
+    diffs = [r.unallocated[key] - base[r.seed] for r in results if r.policy == policy and r.seed in base]
     if not diffs:
         return None
     return {"mean_difference": statistics.fmean(diffs), "better_seeds": sum(d < 0 for d in diffs),
             "worse_seeds": sum(d > 0 for d in diffs), "seeds": len(diffs)}
 
 
-def table(rows: Sequence[dict[str, object]]) -> str:
-    def cell(value: object) -> str:
-        assert isinstance(value, dict)
-        return f"{value['mean']:.2f} ± {value['sd']:.2f}"
+def _cell(value: object) -> str:
+    assert isinstance(value, dict)
+    return f"{value['mean']:.2f} ± {value['sd']:.2f}"
 
-    body = [[r["policy"], cell(r["unallocated_100"]), cell(r["unallocated_130"]),
-             cell(r["fragmentation_ratio_80"]), f"{r['seconds_per_run']:.1f}"] for r in rows]
-    headers = ["policy", "unallocated GPU% @100% arrival", "@130% arrival", "frag. ratio @80%", "s/run"]
+
+def _versus(row: dict[str, object], key: str) -> str:
+    comparison = row.get(key)
+    if not isinstance(comparison, dict):
+        return ""
+    return f"{comparison['mean_difference']:+.2f} ({comparison['better_seeds']}/{comparison['seeds']} better)"
+
+
+def table(rows: Sequence[dict[str, object]]) -> str:
+    body = [[r["policy"], _cell(r["unallocated_100"]), _cell(r["unallocated_130"]),
+             *(_versus(r, f"vs_{b}_{a:g}") for b in BASELINES for a in REPORT_ARRIVALS),
+             _cell(r["fragmentation_ratio_80"]), f"{r['seconds_per_run']:.1f}"] for r in rows]
+    headers = ["policy", "unallocated GPU% @100% arrival", "@130% arrival",
+               *(f"vs {b} @{a:g}%" for b in BASELINES for a in REPORT_ARRIVALS), "frag. ratio @80%", "s/run"]
     return tabulate(body, headers=headers, tablefmt="github")
+
+
+def published_figures(data_dir: Path) -> dict[str, dict[str, float]]:
+    """The published unallocated GPU% at 100% arrival per trace and policy, from the data folder's README:
+    a table with a ``trace`` column gives one row per trace; a table without one is the default trace's.
+    Empty when there is no README."""
+    try:
+        lines = (Path(data_dir) / "README.md").read_text().splitlines()
+    except OSError:
+        return {}
+    figures: dict[str, dict[str, float]] = {}
+    headers: list[str] = []
+    for line in lines:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if not cells:
+            headers = []
+        elif not headers:
+            headers = cells
+        elif not set(cells[0]) <= set("-: "):
+            named = headers[0].lower() == "trace"
+            trace = cells[0] if named else "default"
+            for header, cell in zip(headers[1:] if named else headers, cells[1:] if named else cells,
+                                    strict=False):
+                try:
+                    figures.setdefault(trace, {})[header] = float(cell)
+                except ValueError:
+                    break  # not a table of figures
+    return figures
+
+
+def suite_table(by_trace: dict[str, list[dict[str, object]]], policies: Sequence[str],
+                published: dict[str, dict[str, float]]) -> str:
+    """One row per policy across traces: the mean over traces of each trace's mean, the seeds better than
+    ``fgd`` and ``binpack`` in all, and on how many traces its mean at 100% is at most both of theirs."""
+    body = []
+    for name in policies:
+        rows = [next(r for r in rows if r["policy"] == name) for rows in by_trace.values()]
+        means = {a: statistics.fmean(_mean(r, f"unallocated_{a:g}") for r in rows) for a in REPORT_ARRIVALS}
+        counts = []
+        for baseline in BASELINES:
+            found = [r[f"vs_{baseline}_100"] for r in rows if isinstance(r.get(f"vs_{baseline}_100"), dict)]
+            counts.append(f"{sum(c['better_seeds'] for c in found)}/{sum(c['seeds'] for c in found)}"  # type: ignore[index]
+                          if found else "")
+        best = sum(all(_mean(r, "unallocated_100") <= _mean(other, "unallocated_100")
+                       for other in trace_rows if other["policy"] in BASELINES)
+                   for r, trace_rows in zip(rows, by_trace.values(), strict=True))
+        body.append([name, f"{means[100.0]:.2f}", f"{means[130.0]:.2f}", *counts, f"{best}/{len(rows)}"])
+    fgd = [published[t]["FGD"] for t in by_trace if "FGD" in published.get(t, {})]
+    headers = ["policy", "mean unallocated @100% over traces", "@130%",
+               *(f"seeds better than {b} @100%" for b in BASELINES), f"traces <= {' and '.join(BASELINES)}"]
+    text = tabulate(body, headers=headers, tablefmt="github")
+    if fgd:
+        text += f"\npublished FGD, mean over the {len(fgd)} traces that have it: {statistics.fmean(fgd):.2f}"
+    return text
+
+
+def _mean(row: dict[str, object], key: str) -> float:
+    value = row[key]
+    assert isinstance(value, dict)
+    return float(value["mean"])
 
 
 def plot(results: Sequence[RunResult], policies: Sequence[str], trace: str, path: Path) -> None:
@@ -257,44 +359,59 @@ def _seeds(text: str) -> list[int]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=openb.DEFAULT_DATA, help="folder with the openb CSV files")
-    parser.add_argument("--trace", choices=sorted(openb.TRACES), default="default")
-    parser.add_argument("--policies", default=",".join(policy_names()), help="comma-separated policy names")
+    parser.add_argument("--trace", action="append", choices=sorted(openb.TRACES), default=[],
+                        help="a trace of the data folder by name (repeatable; default: default)")
+    parser.add_argument("--pods", action="append", type=Path, default=[],
+                        help="a pod list CSV in openb's columns, on the data folder's nodes (repeatable)")
+    parser.add_argument("--suite", choices=["shared"], help="shared: all nine traces of the data folder")
+    parser.add_argument("--policies", default=",".join(SUITE_POLICIES),
+                        help=f"comma-separated policy names (default {','.join(SUITE_POLICIES)}; "
+                        f"all: {','.join((*policy_names(), *BENCH_POLICIES))})")
     parser.add_argument("--seeds", type=_seeds, default=list(openb.SEEDS), help="e.g. 42-51 or 42,43")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel replays")
-    parser.add_argument("--out", type=Path, help="JSON results (default bench/out/replay_<trace>.json)")
-    parser.add_argument("--plot", type=Path, help="also draw unallocated GPU%% against arrival into this PNG "
-                        "(docs/img/unallocated_vs_arrival.png is the README's, from the default trace)")
+    parser.add_argument("--out", type=Path, help="JSON results (default bench/out/replay_<trace or suite>.json)")
+    parser.add_argument("--plot", type=Path, help="also draw unallocated GPU%% against arrival into this PNG, for "
+                        "the default trace if it ran, else the first (docs/img/unallocated_vs_arrival.png is the "
+                        "README's)")
     args = parser.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     known = (*policy_names(), *BENCH_POLICIES)
     unknown = [p for p in policies if p not in known]
     if unknown:
         parser.error(f"unknown policies {', '.join(unknown)}; choose from {', '.join(known)}")
+    traces = [*args.trace, *(str(p) for p in args.pods), *(openb.TRACES if args.suite else ())]
+    traces = list(dict.fromkeys(traces or ["default"]))
     try:
         openb.load_nodes(args.data)
-        openb.load_pods(args.data, args.trace)
+        for trace in traces:
+            openb.load_pods(args.data, trace)
     except openb.TraceError as exc:
         print(exc, file=sys.stderr)
         return 2
     started = time.perf_counter()
-    results = run_all(args.data, args.trace, policies, args.seeds, args.jobs)
+    results = run_all(args.data, traces, policies, args.seeds, args.jobs)
     wall = time.perf_counter() - started
-    rows = summarize(results, policies)
-    comparisons = {f"{p} vs {b}": c for p in policies for b in policies if p != b
-                   for c in [paired(results, p, b)] if c is not None}
-    print(table(rows))
-    for label, comparison in comparisons.items():
-        if label.endswith("vs fgd"):
-            print(f"{label}: {comparison['mean_difference']:+.2f} points at 100% arrival, better on "
-                  f"{comparison['better_seeds']}/{comparison['seeds']} seeds, worse on {comparison['worse_seeds']}")
-    print(f"{len(results)} replays of the {args.trace} trace in {wall:.0f} s wall time with {args.jobs} jobs")
-    out = args.out or DEFAULT_OUT / f"replay_{args.trace}.json"
+    published = published_figures(args.data)
+    by_trace: dict[str, list[dict[str, object]]] = {}
+    for trace in traces:
+        name = openb.trace_name(trace)
+        rows = by_trace[name] = summarize([r for r in results if r.trace == name], policies)
+        print(f"\n## {name}\n\n{table(rows)}")
+        if name in published:
+            print("published: " + ", ".join(f"{k} {v:.2f}" for k, v in published[name].items()))
+    if len(traces) > 1:
+        print(f"\n## all {len(traces)} traces\n\n{suite_table(by_trace, policies, published)}")
+    print(f"\n{len(results)} replays of {len(traces)} trace(s) in {wall:.0f} s wall time with {args.jobs} jobs")
+    label = openb.trace_name(traces[0]) if len(traces) == 1 else "suite"
+    out = args.out or DEFAULT_OUT / f"replay_{label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"trace": args.trace, "seeds": args.seeds, "wall_seconds": wall, "summary": rows,
-                               "paired": comparisons, "runs": [asdict(r) for r in results]}, indent=1))
+    out.write_text(json.dumps({"traces": list(by_trace), "seeds": args.seeds, "wall_seconds": wall,
+                               "summary": by_trace, "published": published,
+                               "runs": [asdict(r) for r in results]}, indent=1))
     print(f"results: {out}")
     if args.plot:
-        plot(results, policies, args.trace, args.plot)
+        shown = "default" if "default" in by_trace else next(iter(by_trace))
+        plot([r for r in results if r.trace == shown], policies, shown, args.plot)
         print(f"plot: {args.plot}")
     return 0
 

@@ -4,7 +4,7 @@
 
 The cluster is the trace's (``openb.cluster_spec``: GPUs of 1000 MiB) in a ``LocalCluster``; the extender
 runs as its own process (``python -m extender --unit MiB --tie-seed SEED --policy P --workload-seed FILE``),
-seeded with the trace's shape histogram as ``replay.build_policy`` seeds the in-process policy. Each pod of
+seeded with the trace's shape histogram where ``replay.build_policy`` seeds the in-process policy (``fgd``). Each pod of
 the seed's arrival order is created through the kubernetes client and scheduled at once, one at a time and
 never retried, by ``SchedulerLoop.schedule_pod``: filter, prioritize (weight 1: only the extender scores,
 and only its favourite gets 10) and bind over HTTP. Its node and GPU indices (read back from the pod's
@@ -134,11 +134,12 @@ def advertise_in_unit(core: Any, spec: ClusterSpec) -> None:
 
 
 @contextmanager
-def extender_process(kubeconfig: Path, seed_file: Path, policy: str, seed: int, log_file: Path) -> Iterator[str]:
+def extender_process(kubeconfig: Path, seed_file: Path | None, policy: str, seed: int,
+                     log_file: Path) -> Iterator[str]:
     """The real extender as a subprocess on an ephemeral port, ready (its caches synced); yields its URL."""
     command = [sys.executable, "-m", "extender", "--host", "127.0.0.1", "--port", "0", "--unit", UNIT.value,
                "--tie-seed", str(seed), "--policy", policy, "--kubeconfig", str(kubeconfig),
-               "--workload-seed", str(seed_file)]
+               *(("--workload-seed", str(seed_file)) if seed_file else ())]
     with log_file.open("w") as log:
         process = subprocess.Popen(command, stderr=log, cwd=openb.REPO_ROOT)
     try:
@@ -184,8 +185,11 @@ def replay_over_http(trace_nodes: Sequence[openb.TraceNode], trace_pods: Sequenc
                      order: Sequence[openb.TracePod], policy: str, seed: int, workdir: Path) -> HttpReplay:
     """Schedule ``order`` through a local cluster, the extender process and the scheduler loop."""
     spec = openb.cluster_spec(trace_nodes)
-    seed_file = workdir / "workload-seed.yaml"
-    seed_file.write_text(dump_workload(count_shapes(p.request() for p in trace_pods)))
+    # Seeded exactly when ``replay.build_policy`` seeds the in-process policy.
+    seed_file: Path | None = None
+    if policy in replay.SEEDED_POLICIES:
+        seed_file = workdir / "workload-seed.yaml"
+        seed_file.write_text(dump_workload(count_shapes(p.request() for p in trace_pods)))
     with LocalCluster(spec, publish_inventory=True) as cluster:
         core: Any = client.CoreV1Api(cluster.api_client())
         advertise_in_unit(core, spec)
@@ -224,7 +228,7 @@ def replay_in_process(trace_nodes: Sequence[openb.TraceNode], trace_pods: Sequen
                       order: Sequence[openb.TracePod], policy: str, seed: int) -> tuple[list[replay.Decision], float]:
     """``replay.replay``'s decisions, and the GPU% it leaves unallocated at the end."""
     nodes = openb.build_nodes(trace_nodes)
-    decisions = list(replay.replay(nodes, order, replay.build_policy(policy, trace_pods), seed))
+    decisions = list(replay.replay(nodes, order, replay.build_policy(policy, trace_pods, nodes), seed))
     total = sum(g.total for n in nodes for g in n.gpus)
     used = sum(g.used for n in nodes for g in n.gpus)
     return decisions, 100.0 - 100.0 * used / total

@@ -2,7 +2,7 @@
 
     python -m bench.workload_seed [--trace default] [--data DIR] --out seed.yaml
 
-The extender's learning policies (fgd, fgd-lookahead) can start from such a file instead of an empty
+The extender's learning policies (fgd, fgd-lookahead, fgd-scarcity) can start from such a file instead of an empty
 histogram. Shapes are those of ``gpushare.policies.workload.Shape``: GPU count, per-GPU share in memory
 units (gpu_milli for the trace, every GPU being 1000 units), CPU and accepted models.
 """

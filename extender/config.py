@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--context", default=None, help="kubeconfig context to use (default: its current-context)")
     parser.add_argument("--workload-seed", type=Path, default=None,
                         help="YAML or JSON file of task shapes and weights (weights count as pods) that the "
-                             "learning policies (fgd, fgd-lookahead) start from; see docs/policies.md")
+                             "learning policies (fgd, fgd-lookahead, fgd-scarcity) start from; see docs/policies.md")
     limits = parser.add_argument_group("limits")
     limits.add_argument("--bind-timeout", type=float, default=None, metavar="SECONDS",
                         help=f"time budget of one bind, every API call included; keep it at least 1 s below "

@@ -11,6 +11,7 @@ from gpushare.cache.fitindex import shape_key
 from gpushare.cache.state import ClusterCache
 from gpushare.model import Node
 from gpushare.policies import extender_scores
+from gpushare.policies.base import InventoryAware, policy_version
 
 
 class Verbs:
@@ -49,13 +50,16 @@ class Verbs:
         except ValueError:  # filter has already told kube-scheduler why
             return [{"Host": name, "Score": 0} for name in names]
 
+        if isinstance(policy, InventoryAware):
+            policy.observe_inventory(self.cache.gpu_capacity())
+
         def score(node: Node) -> float | None:
             candidate = self.book.evaluate(policy, node, wanted)
             # A score that is no finite number cannot be ranked against the others: the node does not fit.
             return None if candidate is None or not math.isfinite(candidate.score) else candidate.score
 
         # A node's score changes only with its state, the pod's shape and what the policy has learned.
-        key = (policy.name, shape_key(wanted), self.book.workload.version)
+        key = (policy.name, shape_key(wanted), policy_version(policy))
         raw = self.cache.evaluate_memoised(names, key, score)
         scores = extender_scores({n: s for n, s in raw.items() if s is not None}, self.tie_seed)
         return [{"Host": name, "Score": scores.get(name, 0)} for name in names]

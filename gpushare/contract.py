@@ -63,7 +63,7 @@ HAMI_NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"
 HAMI_GPU_POLICY = "hami.io/gpu-scheduler-policy"
 KUBESHARE_GPU_MODEL = "sharedgpu/gpu_model"
 
-POLICY_NAMES = ("binpack", "spread", "fgd", "fgd-lookahead")
+POLICY_NAMES = ("binpack", "spread", "fgd", "fgd-lookahead", "fgd-scarcity")
 
 # The most GPUs one pod may span on one node (annotation or container limits).
 MAX_GPU_COUNT = 64

@@ -288,3 +288,14 @@ def account_pod(node: Node, pod: PodInfo) -> None:
     if not pod.is_active or pod.node_name != node.name:
         return
     node.add(pod.key, placement_of(pod, read_assignment(pod)))
+
+
+def gpu_capacity(nodes: Iterable[Node]) -> dict[str, int]:
+    """GPU memory per model over ``nodes``, healthy GPUs only: what inventory-aware policies are fed
+    (``gpushare.policies.base.InventoryAware``)."""
+    capacity: dict[str, int] = {}
+    for node in nodes:
+        for gpu in node.gpus:
+            if gpu.healthy:
+                capacity[gpu.model] = capacity.get(gpu.model, 0) + gpu.total
+    return capacity

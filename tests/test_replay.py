@@ -80,9 +80,10 @@ def test_the_fast_replay_decides_exactly_like_choose_node(trace: Path, name: str
     pods = openb.load_pods(trace)
     order = openb.arrival_order(pods, seed, openb.capacity(openb.load_nodes(trace)))
     fast_nodes = openb.build_nodes(openb.load_nodes(trace))
-    fast = [(d.pod, d.node, d.gpus) for d in replay.replay(fast_nodes, order, replay.build_policy(name, pods), seed)]
+    fast_policy = replay.build_policy(name, pods, fast_nodes)
+    fast = [(d.pod, d.node, d.gpus) for d in replay.replay(fast_nodes, order, fast_policy, seed)]
     nodes = openb.build_nodes(openb.load_nodes(trace))
-    policy = replay.build_policy(name, pods)
+    policy = replay.build_policy(name, pods, nodes)
     slow: list[tuple[str, str | None, tuple[int, ...]]] = []
     for pod in order:
         request = pod.request()
@@ -141,10 +142,11 @@ def test_the_command_line_writes_table_json_and_plot(trace: Path, tmp_path: Path
                         "--out", str(out), "--plot", str(image)])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "unallocated GPU% @100% arrival" in printed and "binpack vs fgd" in printed
+    assert "unallocated GPU% @100% arrival" in printed and "vs fgd @100%" in printed
     data = json.loads(out.read_text())
-    assert [row["policy"] for row in data["summary"]] == ["binpack", "fgd"]
-    assert len(data["runs"]) == 4 and data["paired"]["binpack vs fgd"]["seeds"] == 2
+    rows = data["summary"]["default"]
+    assert [row["policy"] for row in rows] == ["binpack", "fgd"]
+    assert len(data["runs"]) == 4 and rows[0]["vs_fgd_100"]["seeds"] == 2 and "vs_binpack_100" in rows[1]
     assert image.read_bytes().startswith(b"\x89PNG")
 
 
@@ -157,7 +159,7 @@ def test_the_command_line_shows_progress_and_draws_no_plot_unless_asked(trace: P
                         "--out", str(out / "out.json")])
     assert code == 0
     printed = capsys.readouterr()
-    assert "binpack seed 42:" in printed.err and "binpack seed 43:" in printed.err
+    assert "default binpack seed 42:" in printed.err and "default binpack seed 43:" in printed.err
     assert "seed 42:" not in printed.out and "plot:" not in printed.out
     assert committed.stat().st_mtime_ns == before
     assert list(out.iterdir()) == [out / "out.json"]
@@ -180,7 +182,8 @@ def test_the_papers_bestfit_ranks_nodes_by_what_is_left_on_the_whole_node(trace:
     out = tmp_path / "bestfit.json"
     code = replay.main(["--data", str(trace), "--policies", "bestfit,binpack", "--seeds", "42", "--jobs", "1",
                         "--out", str(out), "--plot", str(tmp_path / "bestfit.png")])
-    assert code == 0 and [r["policy"] for r in json.loads(out.read_text())["summary"]] == ["bestfit", "binpack"]
+    assert code == 0
+    assert [r["policy"] for r in json.loads(out.read_text())["summary"]["default"]] == ["bestfit", "binpack"]
 
 
 def test_missing_trace_files_are_reported_with_a_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -198,3 +201,25 @@ def test_a_workload_seed_file_is_derived_from_the_trace(trace: Path, tmp_path: P
     assert workload_seed.main(["--data", str(trace), "--out", str(seed)]) == 0
     weights = load_workload(seed)
     assert sum(weights.values()) == len(openb.load_pods(trace))
+
+
+def test_pod_files_run_side_by_side_with_a_summary_and_the_published_figures(
+        trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    other = tmp_path / "extra" / "openb_pod_list_heldout.csv"
+    other.parent.mkdir()
+    other.write_text((trace / openb.TRACES["default"]).read_text())
+    (trace / "README.md").write_text("| Random | FGD |\n|---|---|\n| 13.70 | 4.77 |\n\n"
+                                     "| trace | BestFit | FGD |\n|---|---|---|\n| heldout | 6.90 | 5.34 |\n")
+    assert replay.published_figures(trace) == {"default": {"Random": 13.7, "FGD": 4.77},
+                                               "heldout": {"BestFit": 6.9, "FGD": 5.34}}
+    out = tmp_path / "suite.json"
+    code = replay.main(["--data", str(trace), "--trace", "default", "--pods", str(other), "--policies",
+                        "binpack,fgd,fgd-scarcity", "--seeds", "42-43", "--jobs", "1", "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "## default" in printed and "## heldout" in printed and "## all 2 traces" in printed
+    assert "published: BestFit 6.90, FGD 5.34" in printed
+    assert "published FGD, mean over the 2 traces that have it: 5.05" in printed
+    data = json.loads(out.read_text())
+    assert data["traces"] == ["default", "heldout"]
+    assert {r["trace"] for r in data["runs"]} == {"default", "heldout"}

@@ -24,7 +24,7 @@ from typing import Any, TypeVar, cast
 
 from gpushare.cache.fitindex import MAX_FIT_SETS, FilterOutcome, FitSet, NodeSummary, fit_check, shape_key, summarise
 from gpushare.contract import MemoryUnit, NodeInfo, PodInfo, PodRequest, read_assignment
-from gpushare.model import Node, Placement, build_node, placement_of
+from gpushare.model import Node, Placement, build_node, gpu_capacity, placement_of
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class ClusterCache:
         self._reservations: dict[str, Reservation] = {}
         self._index_lock = threading.Lock()
         self._fit_sets: dict[tuple[Any, ...], FitSet] = {}
+        self._capacity: dict[str, int] | None = None
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -90,6 +91,15 @@ class ClusterCache:
     def unknown(self, names: Iterable[str]) -> list[str]:
         """The names of ``names`` that are no node in the cache (one C-level pass)."""
         return list(filterfalse(self._summaries.__contains__, names))
+
+    def gpu_capacity(self) -> dict[str, int]:
+        """GPU memory per model over every known node's healthy GPUs; recomputed only after a node changed
+        (prioritize asks for it per pod, placements do not change it)."""
+        capacity = self._capacity
+        if capacity is None:
+            states = [e.state for e in list(self._entries.values()) if e.info is not None]
+            capacity = self._capacity = gpu_capacity(states)
+        return capacity
 
     @contextmanager
     def locked(self, name: str) -> Iterator[Node | None]:
@@ -274,6 +284,7 @@ class ClusterCache:
                 state.add(key, placement)
             entry.info = info
             entry.state = state
+            self._capacity = None
             self._refresh(entry)
 
     def delete_node(self, name: str) -> None:
@@ -284,6 +295,7 @@ class ClusterCache:
             old = entry.state
             entry.info = None
             entry.state = Node(name=name, gpus=[])
+            self._capacity = None
             for key, placement in old.placements.items():
                 entry.state.add(key, placement)
             self._refresh(entry)

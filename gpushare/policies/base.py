@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from gpushare.contract import PodRequest
 from gpushare.model import GPU, Node
@@ -35,6 +35,21 @@ class Policy(Protocol):
     def observe(self, request: PodRequest) -> None:
         """Learn from a pod the scheduler has seen (policies that model the workload use it)."""
         ...
+
+
+@runtime_checkable
+class InventoryAware(Protocol):
+    """A policy that weighs GPUs by how much of the cluster's capacity their model is."""
+
+    def observe_inventory(self, capacity: Mapping[str, int]) -> None:
+        """The cluster's GPU memory per model (healthy GPUs, memory units), whenever it may have changed."""
+        ...
+
+
+def policy_version(policy: Policy) -> int:
+    """Policies that learn expose ``version``; it changes whenever their answers may change (0 for the rest)."""
+    version = getattr(policy, "version", 0)
+    return version if isinstance(version, int) else 0
 
 
 def node_priority(name: str, seed: int = 0) -> int:

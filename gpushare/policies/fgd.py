@@ -162,6 +162,7 @@ class FragmentationGradient:
         for chosen in self.choices(hosts, request):
             taken = {g.index: g.free if request.exclusive else request.per_gpu for g in chosen}
             growth = self._fragmentation(self._key(node, cpu_free - request.cpu_milli, taken)) - before
+            growth += self.displacement(node, taken)
             rank = self.rank(growth, gpu_size)
             if best is None or rank > best[0]:
                 best = (rank, chosen)
@@ -188,6 +189,11 @@ class FragmentationGradient:
         tightest = pick_gpus(hosts, request.gpu_count, sorted(hosts, key=lambda g: (g.free, g.index)))
         if {g.index for g in tightest} != {g.index for g in by_index}:
             yield tightest
+
+    def displacement(self, node: Node, taken: dict[int, int]) -> int:
+        """A cost added to the growth of F for taking ``taken`` (GPU index -> units) on ``node``, in the same
+        unit (memory units times ``PRECISION``). FGD itself counts fragmentation only."""
+        return 0
 
     def rank(self, growth: int, gpu_size: int) -> tuple[float, ...]:
         """How good a placement that grows F by ``growth`` (memory units times ``PRECISION``) is, on a node

@@ -7,10 +7,11 @@ from collections.abc import Callable
 from gpushare.policies.base import Policy
 from gpushare.policies.fgd import FragmentationGradient
 from gpushare.policies.lookahead import FragmentationLookahead
+from gpushare.policies.scarcity import ScarcityLookahead
 from gpushare.policies.simple import Binpack, Spread
 from gpushare.policies.workload import WorkloadDistribution
 
-DEFAULT_POLICY = "fgd-lookahead"
+DEFAULT_POLICY = "fgd-scarcity"
 
 # Each factory receives the workload distribution the policy should learn from (or None for a fresh one).
 _FACTORIES: dict[str, Callable[[WorkloadDistribution | None], Policy]] = {
@@ -18,6 +19,7 @@ _FACTORIES: dict[str, Callable[[WorkloadDistribution | None], Policy]] = {
     "spread": lambda _: Spread(),
     "fgd": FragmentationGradient,
     "fgd-lookahead": FragmentationLookahead,
+    "fgd-scarcity": ScarcityLookahead,
 }
 
 
