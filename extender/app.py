@@ -93,7 +93,7 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
     book = PolicyBook(config.policy, load_workload(config.workload_seed) if config.workload_seed else None)
     requests = RequestCache()
     verbs = Verbs(cache, book, requests, config.tie_seed)
-    binder = Binder(kube.pods, cache, book, config.bind_timeout_s)
+    binder = Binder(kube.pods, cache, book, watch.pending, config.bind_timeout_s)
     # Binds wait on the API server; they get threads of their own, so that however slow it is, filter and
     # prioritize (Starlette's pool) keep their threads. A full pool answers at once instead of queueing.
     bind_pool = ThreadPoolExecutor(max_workers=config.max_binds, thread_name_prefix="bind")
@@ -142,9 +142,11 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
     async def filter_verb(request: Request) -> Response:
         with metrics.timed("filter"):
             try:
-                response = _json(verbs.filter(parse_extender_args(await _read_body(request, config.max_body_bytes))))
+                args = parse_extender_args(await _read_body(request, config.max_body_bytes))
+                response = _json(verbs.filter(args))
             except (BadRequest, _BodyError) as exc:
                 return bad_request("filter", exc)
+            metrics.filtered(args.pod.uid)
             metrics.count("filter", 200)
             return response
 
@@ -190,6 +192,8 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
                 metrics.count("bind", answer.status)
                 return Response(answer.body, status_code=answer.status, media_type="application/json")
             outcome = await bind_here(args)
+            if not outcome.error:
+                metrics.bound(args.pod_uid)
             metrics.binds.labels("failed" if outcome.error else "bound").inc()
             metrics.bind_conflicts.inc(outcome.conflicts)
             metrics.count("bind", 200)

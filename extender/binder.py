@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from extender.placement import PolicyBook
 from extender.wire import BindingArgs
+from gpushare.cache.pending import PendingPods
 from gpushare.cache.state import ClusterCache, Reservation, ReservationError
 from gpushare.contract import PodInfo, PodRequest, RequestError, new_assignment, parse_request
 from gpushare.kube.api import Conflict, KubeError, NotFound, Pods, Unavailable
@@ -66,19 +67,22 @@ class _Failed(Exception):
 
 
 class Binder:
-    def __init__(self, pods: Pods, cache: ClusterCache, book: PolicyBook, budget_s: float = DEFAULT_BUDGET_S) -> None:
+    def __init__(self, pods: Pods, cache: ClusterCache, book: PolicyBook, pending: PendingPods,
+                 budget_s: float = DEFAULT_BUDGET_S) -> None:
         self._pods = pods
         self._cache = cache
         self._book = book
+        self._pending = pending
         self.budget_s = budget_s
 
     def bind(self, args: BindingArgs) -> BindOutcome:
         deadline = Deadline(self.budget_s)
         conflicts = 0
         who = f"pod {args.pod_namespace}/{args.pod_name} to node {args.node}"
-        for _ in range(MAX_ATTEMPTS):
+        for attempt in range(MAX_ATTEMPTS):
             try:
-                gpus = self._attempt(args, deadline)
+                # The first attempt reads the pod from the watch; after a conflict, from the API server.
+                gpus = self._attempt(args, deadline, fresh=attempt > 0)
             except _Changed:
                 conflicts += 1
                 continue
@@ -109,8 +113,8 @@ class Binder:
         self._pods.record_event(args.pod_namespace, args.pod_name, args.pod_uid, reason="GPUShareBindFailed",
                                 message=message, component=COMPONENT, timeout_s=deadline.left())
 
-    def _attempt(self, args: BindingArgs, deadline: Deadline) -> tuple[int, ...]:
-        pod = self._read(args, deadline)
+    def _attempt(self, args: BindingArgs, deadline: Deadline, fresh: bool) -> tuple[int, ...]:
+        pod = self._read(args, deadline, fresh)
         if pod.node_name == args.node:
             return ()  # kube-scheduler retried a bind that had already succeeded
         if pod.node_name:
@@ -140,7 +144,12 @@ class Binder:
             raise
         return reservation.placement.gpu_indices
 
-    def _read(self, args: BindingArgs, deadline: Deadline) -> PodInfo:
+    def _read(self, args: BindingArgs, deadline: Deadline, fresh: bool) -> PodInfo:
+        """The pod as the watch shows it while it waits for a node; else (bound, unseen, another incarnation, or
+        ``fresh``) as the API server says now."""
+        seen = None if fresh else self._pending.get(args.pod_namespace, args.pod_name)
+        if seen is not None and (not args.pod_uid or seen.uid == args.pod_uid):
+            return seen
         try:
             pod = pod_info(self._pods.read(args.pod_namespace, args.pod_name, timeout_s=deadline.left()))
         except NotFound:

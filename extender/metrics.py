@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -12,6 +14,10 @@ from prometheus_client.registry import Collector
 
 from gpushare.cache.state import ClusterCache
 
+# A pod's wait from its first filter to its bind: a cycle when it fits at once, minutes when it backs off.
+WAIT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+# Pods whose first filter is remembered; beyond it the oldest are forgotten (and their wait goes unmeasured).
+WAITING_PODS = 100_000
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -64,7 +70,29 @@ class ExtenderMetrics:
         self.bind_conflicts = Counter("gpushare_extender_bind_conflicts",
                                       "Binds that found the pod changed since it was read and decided again.",
                                       registry=self.registry)
+        self.scheduling_wait = Histogram(
+            "gpushare_extender_pod_scheduling_wait_seconds",
+            "Time from a pod's first filter to its successful bind on this replica: the GPU path's cost to the pod, "
+            "backoffs included.", buckets=WAIT_BUCKETS, registry=self.registry)
+        self._first_filter: OrderedDict[str, float] = OrderedDict()
+        self._waiting_lock = threading.Lock()
         self.registry.register(_ClusterCollector(cache, is_leader))
+
+    def filtered(self, uid: str) -> None:
+        """Remember when a pod was first filtered (kube-scheduler filters it again on every retry)."""
+        if not uid:
+            return
+        with self._waiting_lock:
+            if uid not in self._first_filter:
+                self._first_filter[uid] = time.monotonic()
+                if len(self._first_filter) > WAITING_PODS:
+                    self._first_filter.popitem(last=False)
+
+    def bound(self, uid: str) -> None:
+        with self._waiting_lock:
+            first = self._first_filter.pop(uid, None)
+        if first is not None:
+            self.scheduling_wait.observe(time.monotonic() - first)
 
     @contextmanager
     def timed(self, verb: str) -> Iterator[None]:

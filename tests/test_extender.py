@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -174,6 +175,43 @@ def test_bind_writes_annotations_then_binds(env: Env) -> None:
     assert env.inspect("mixed")["nodes"][0]["devs"][0]["pods"] == [{"name": "p", "namespace": "default",
                                                                      "usedGPU": 10}]
     assert env.metric("gpushare_extender_binds_total") == 1
+
+
+def api_requests(env: Env) -> dict[tuple[str, str], float]:
+    """The local API server's request counts by (verb, resource)."""
+    counts: dict[tuple[str, str], float] = {}
+    for line in httpx.get(env.cluster.url + "/metrics").text.splitlines():
+        if line.startswith("localcluster_requests_total{"):
+            labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:line.index("}")].split(","))
+            key = (labels["verb"].strip('"'), labels["resource"].strip('"'))
+            counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def test_bind_takes_the_pod_from_its_watch_and_makes_two_api_calls(env: Env) -> None:
+    pod = create_pod(env.core, pod_body("watched", 2))
+    wait_for(lambda: env.post("filter", {"Pod": pod, "NodeNames": ["mixed"]}).json()["NodeNames"] == ["mixed"],
+             "the extender's watch to see the pod")
+    before = api_requests(env)
+    assert env.bind(pod, "mixed") == ""
+    after = api_requests(env)
+    made = {k: after.get(k, 0) - before.get(k, 0) for k in after
+            if after.get(k, 0) != before.get(k, 0) and k[1]}  # k[1] "": this test's own scrape of /metrics
+    # One merge patch of the annotations and one Binding: no GET of the pod, no Event for a bind that worked.
+    assert made == {("patch", "pods"): 1, ("bind", "pods"): 1}, made
+
+
+def test_metrics_time_each_pod_from_its_first_filter_to_its_bind(env: Env) -> None:
+    pod = create_pod(env.core, pod_body("waited", 2))
+    for _ in range(2):  # kube-scheduler filters again on a retry; the wait counts from the first
+        env.post("filter", {"Pod": pod, "NodeNames": ["mixed"]})
+    time.sleep(0.3)
+    assert env.bind(pod, "mixed") == ""
+    assert env.metric("gpushare_extender_pod_scheduling_wait_seconds_count") == 1
+    assert env.metric("gpushare_extender_pod_scheduling_wait_seconds_sum") >= 0.3
+    text = env.http.get("/metrics").text
+    for verb in ("filter", "bind"):
+        assert f'gpushare_extender_request_duration_seconds_count{{verb="{verb}"}}' in text
 
 
 def test_mixed_models_get_their_own_memory(env: Env) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 
+from gpushare.cache.pending import PendingPods
 from gpushare.cache.state import ClusterCache
+from gpushare.contract import PodInfo
 from gpushare.kube.api import ListCall, Obj
 from gpushare.kube.convert import node_info, pod_info
 from gpushare.kube.informer import Informer
@@ -14,7 +16,8 @@ log = logging.getLogger(__name__)
 
 
 class ClusterWatch:
-    """Lists and watches nodes and pods through the kubernetes client and feeds a ``ClusterCache``.
+    """Lists and watches nodes and pods through the kubernetes client and feeds a ``ClusterCache`` and the
+    ``PendingPods`` that bind reads.
 
     ``list_nodes`` and ``list_pods`` are ``Nodes.list_call`` and ``Pods.list_call``; objects travel as raw JSON.
     """
@@ -22,6 +25,7 @@ class ClusterWatch:
     def __init__(self, list_nodes: ListCall, list_pods: ListCall, cache: ClusterCache,
                  watch_timeout_s: int = 300) -> None:
         self.cache = cache
+        self.pending = PendingPods()
         # Streamed: the cache takes each page as it arrives, so start-up holds one page of raw JSON objects,
         # not every pod of the cluster (bench/bench_startup.py measures the difference).
         self._nodes = Informer(list_nodes, on_sync=self._sync_nodes, on_event=self._node_event,
@@ -58,15 +62,26 @@ class ClusterWatch:
 
     def _sync_pods(self, items: Iterator[Obj]) -> None:
         counted = _Counted(items)
-        self.cache.replace_pods(pod_info(o) for o in counted)
+        pending: list[PodInfo] = []
+
+        def noting_pending(pods: Iterable[PodInfo]) -> Iterator[PodInfo]:
+            for pod in pods:
+                if not pod.node_name:
+                    pending.append(pod)
+                yield pod
+
+        self.cache.replace_pods(noting_pending(pod_info(o) for o in counted))
+        self.pending.replace(pending)
         log.info("pod list loaded", extra={"pods": counted.count})
 
     def _pod_event(self, kind: str, obj: Obj) -> None:
         pod = pod_info(obj)
         if kind == "DELETED":
             self.cache.delete_pod(pod)
+            self.pending.delete(pod)
         else:
             self.cache.upsert_pod(pod)
+            self.pending.update(pod)
 
 
 class _Counted:
