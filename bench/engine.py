@@ -19,18 +19,12 @@ from dataclasses import dataclass, field
 
 from gpushare.contract import PodRequest
 from gpushare.model import Node
+from gpushare.model import state_signature as signature
 from gpushare.policies import Candidate, Policy, node_priority
 from gpushare.policies.base import policy_version
 
 Signature = Hashable
 RequestKey = Hashable
-
-
-def signature(node: Node) -> Signature:
-    """Everything about a node that a policy's ``evaluate`` may read, except its name and pod list."""
-    gpus = tuple((g.index, g.model, g.total, g.used, g.compute_used, g.holders, g.exclusive, g.healthy, g.numa,
-                  tuple(sorted(g.links.items()))) for g in node.gpus)
-    return (node.cpu_milli, node.memory_mib, node.cpu_used, node.memory_used, gpus)
 
 
 def request_key(request: PodRequest) -> RequestKey:

@@ -6,7 +6,7 @@ hand them to the policies, so one set of rules decides what fits everywhere.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpushare.contract import (
@@ -194,6 +194,17 @@ class Node:
         frees = ", ".join(f"GPU{g.index}:{g.free}" for g in self.gpus)
         what = "entirely free GPU(s)" if request.exclusive else f"GPU(s) with {request.per_gpu} free units"
         return f"node {self.name} has {hosts} {what}, the pod needs {request.gpu_count} (free: {frees})"
+
+
+def state_signature(node: Node) -> Hashable:
+    """Everything about a node that a placement decision may read, except its name and its pod list.
+
+    Policies are pure functions of this and the request, so nodes with equal signatures get equal answers:
+    the trace replay and the extender's prioritize ask once per distinct state, not once per node.
+    """
+    gpus = tuple((g.index, g.model, g.total, g.used, g.compute_used, g.holders, g.exclusive, g.healthy, g.numa,
+                  tuple(sorted(g.links.items()))) for g in node.gpus)
+    return (node.cpu_milli, node.memory_mib, node.cpu_used, node.memory_used, gpus)
 
 
 def _gpus_from_capacity(node: NodeInfo, model: str) -> list[GPU]:

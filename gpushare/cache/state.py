@@ -24,7 +24,7 @@ from typing import Any, TypeVar, cast
 
 from gpushare.cache.fitindex import MAX_FIT_SETS, FilterOutcome, FitSet, NodeSummary, fit_check, shape_key, summarise
 from gpushare.contract import MemoryUnit, NodeInfo, PodInfo, PodRequest, read_assignment
-from gpushare.model import Node, Placement, build_node, gpu_capacity, placement_of
+from gpushare.model import Node, Placement, build_node, gpu_capacity, placement_of, state_signature
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,8 @@ MAX_REMEMBERED_REASONS = 64
 
 # Distinct keys (policy, request shape, learned-workload version) whose answers a node remembers until it changes.
 MAX_REMEMBERED_ANSWERS = 64
+# Answers shared by all nodes in one state, per key; cleared whole when full (a few MB at most).
+MAX_SHARED_ANSWERS = 200_000
 
 T = TypeVar("T")
 _UNKNOWN = object()
@@ -57,7 +59,7 @@ class Reservation:
 class _Entry:
     """One node: its API view (``None`` once deleted or before it was seen) and its accounted state."""
 
-    __slots__ = ("info", "lock", "memo", "name", "reasons", "state")
+    __slots__ = ("info", "lock", "memo", "name", "reasons", "signature", "state")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -66,6 +68,7 @@ class _Entry:
         self.state = Node(name=name, gpus=[])
         self.reasons: dict[tuple[Any, ...], tuple[bool, str]] = {}
         self.memo: dict[Hashable, Any] = {}
+        self.signature: Hashable = None
 
 
 class ClusterCache:
@@ -81,6 +84,7 @@ class ClusterCache:
         self._reservations: dict[str, Reservation] = {}
         self._index_lock = threading.Lock()
         self._fit_sets: dict[tuple[Any, ...], FitSet] = {}
+        self._shared_answers: dict[tuple[Hashable, Hashable], Any] = {}
         self._capacity: dict[str, int] | None = None
 
     # -- reading -------------------------------------------------------------------------------------------
@@ -182,13 +186,16 @@ class ClusterCache:
         return out
 
     def evaluate_memoised(self, names: Iterable[str], key: Hashable, read: Callable[[Node], T]) -> dict[str, T | None]:
-        """``evaluate``, remembering each node's answer under ``key`` until that node changes.
+        """``evaluate``, remembering each answer under ``key`` until the node changes, and sharing it with every
+        node in the same state (``state_signature``).
 
         ``read`` must depend on nothing but the node's state and what ``key`` names (for a score: the policy,
         the request's shape and the version of what the policy learned). kube-scheduler sends the same nodes
-        for pod after pod and few of them change in between, so most answers are a dictionary lookup.
+        for pod after pod and few of them change in between, and large clusters hold many nodes in identical
+        states (empty ones, full ones), so most answers are a dictionary lookup.
         """
         out: dict[str, T | None] = {}
+        shared = self._shared_answers
         for name in names:
             entry = self._entries.get(name)
             if entry is None:
@@ -200,7 +207,13 @@ class ClusterCache:
                     if entry.info is None:
                         out[name] = None
                         continue
-                    known = read(entry.state)
+                    both = (key, entry.signature)
+                    known = shared.get(both, _UNKNOWN)
+                    if known is _UNKNOWN:
+                        known = read(entry.state)
+                        if len(shared) >= MAX_SHARED_ANSWERS:
+                            shared.clear()
+                        shared[both] = known
                     if len(entry.memo) >= MAX_REMEMBERED_ANSWERS:
                         entry.memo.clear()
                     entry.memo[key] = known
@@ -393,6 +406,7 @@ class ClusterCache:
         """Republish the node's summary and its place in every fit set; call with its lock held after any change."""
         entry.reasons.clear()
         entry.memo.clear()
+        entry.signature = state_signature(entry.state)
         name = entry.name
         summary = None if entry.info is None else summarise(entry.state)
         if summary is None:
