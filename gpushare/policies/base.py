@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,6 +53,8 @@ def policy_version(policy: Policy) -> int:
     return version if isinstance(version, int) else 0
 
 
+# Prioritize ranks every candidate node for every pod; a cluster has at most tens of thousands of names.
+@functools.lru_cache(maxsize=1 << 16)
 def node_priority(name: str, seed: int = 0) -> int:
     """A fixed pseudo-random priority per node and seed: how ties between equal scores are broken.
 
