@@ -83,6 +83,14 @@ class Process:
 
     def signal(self, signum: int) -> None:
         os.kill(self.pid, signum)
+        if signum == signal.SIGSTOP:
+            # Delivery is asynchronous: wait until the kernel shows the process stopped, or a request sent right
+            # after could still be answered on a loaded machine.
+            deadline = time.monotonic() + 5
+            while Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.command[2]} did not stop within 5 s of SIGSTOP")
+                time.sleep(0.001)
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -67,8 +67,18 @@ class FreezeBeforeBinding(Pods):
     def bind(self, namespace: str, name: str, uid: str, node: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         if not self.frozen.is_set():
             self.frozen.set()
-            os.kill(self.pid, signal.SIGSTOP)
+            stop_process(self.pid)
         super().bind(namespace, name, uid, node, timeout_s=timeout_s)
+
+
+def stop_process(pid: int) -> None:
+    """SIGSTOP, and wait until the kernel shows the process stopped: delivery is asynchronous, and on a loaded
+    machine a request sent right after the signal could otherwise still be answered."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, "the API server process did not stop"
+        time.sleep(0.001)
 
 
 class Probe:
