@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> None:
         node = load_node(args, args.node_name)
         isolation = IsolationConfig(Isolation(args.isolation), args.hami_library, args.hami_preload,
                                     args.mps_pipe_dir, args.mps_shm_dir)
-        problem = missing_files(isolation)
+        # A simulated node has no host to mount from: its containers only ever show the settings.
+        problem = missing_files(isolation) if node is None else None
         if problem is not None:
             raise UsageError(problem)
         kube = connect(args.kubeconfig, args.context)

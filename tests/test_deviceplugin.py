@@ -413,16 +413,16 @@ def test_the_command_line_refuses_incomplete_settings_with_a_sentence(monkeypatc
     described.write_text("nodes: [{name: other, gpus: [{model: T4, memoryMiB: 15360}]}]\n")
     assert (f"The cluster description {described} has no node named 'n1' (the --node-name); it describes other."
             in refused([*simulated, "--cluster", str(described)], capsys))
-    described.write_text("nodes: [{name: n1, gpus: [{model: T4, memoryMiB: 15360}]}]\n")
-    simulated += ["--cluster", str(described)]
+    # Checked before NVML is touched, so a node without the driver reports the missing files.
+    on_node = ["--node-name", "n1"]
     absent = tmp_path / "absent"
     assert (f"--isolation hami-core needs HAMi-core's library (--hami-library) at {absent}/libvgpu.so, and there is "
-            "no file there" in refused([*simulated, "--isolation", "hami-core", "--hami-library",
+            "no file there" in refused([*on_node, "--isolation", "hami-core", "--hami-library",
                                         f"{absent}/libvgpu.so"], capsys))
     library = tmp_path / "libvgpu.so"
     library.write_bytes(b"")
     assert f"needs the preload file (--hami-preload) at {absent}/preload" in refused(
-        [*simulated, "--isolation", "hami-core", "--hami-library", str(library), "--hami-preload",
+        [*on_node, "--isolation", "hami-core", "--hami-library", str(library), "--hami-preload",
          f"{absent}/preload"], capsys)
     assert f"--isolation mps needs the MPS daemon's pipe folder {absent} (--mps-pipe-dir)" in refused(
-        [*simulated, "--isolation", "mps", "--mps-pipe-dir", str(absent)], capsys)
+        [*on_node, "--isolation", "mps", "--mps-pipe-dir", str(absent)], capsys)
