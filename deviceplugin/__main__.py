@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from deviceplugin.gpus import GPUBackend
-from deviceplugin.isolation import Isolation, IsolationConfig
+from deviceplugin.isolation import Isolation, IsolationConfig, missing_files
 from deviceplugin.plugin import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET, DevicePlugin, PluginConfig
 from gpushare.clusterspec import ClusterSpecError, NodeSpec, load_cluster_spec
 from gpushare.contract import MemoryUnit
@@ -46,6 +46,9 @@ def parser() -> argparse.ArgumentParser:
                    help=f"host file mounted as the container's /etc/ld.so.preload (default {defaults.hami_preload})")
     p.add_argument("--mps-pipe-dir", default=defaults.mps_pipe_dir,
                    help=f"the MPS daemon's pipe folder on the host (default {defaults.mps_pipe_dir})")
+    p.add_argument("--mps-shm-dir", default=defaults.mps_shm_dir,
+                   help=f"the MPS daemon's shared-memory folder on the host, mounted as the client containers' "
+                        f"/dev/shm; '' mounts none (default {defaults.mps_shm_dir})")
     p.add_argument("--health-recovery-seconds", type=float, default=600.0,
                    help="how long a GPU must go without a critical XID to be Healthy again (default 600)")
     p.add_argument("--reconcile-seconds", type=float, default=30.0,
@@ -98,6 +101,12 @@ def main(argv: list[str] | None = None) -> None:
             raise UsageError("Set --node-name or NODE_NAME (in a DaemonSet: valueFrom fieldRef spec.nodeName).")
         # Local files first: a wrong one is reported before any connection is tried.
         node = load_node(args, args.node_name)
+        isolation = IsolationConfig(Isolation(args.isolation), args.hami_library, args.hami_preload,
+                                    args.mps_pipe_dir, args.mps_shm_dir)
+        # A simulated node has no host to mount from: its containers only ever show the settings.
+        problem = missing_files(isolation) if node is None else None
+        if problem is not None:
+            raise UsageError(problem)
         kube = connect(args.kubeconfig, args.context)
     except (UsageError, KubeConfigError) as exc:
         # Exit code 2, as argparse uses for a bad command line: the operator must change a setting.
@@ -111,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     plugin_config = PluginConfig(
         node_name=args.node_name, unit=unit, plugin_dir=args.device_plugin_dir,
         pod_resources_socket=args.pod_resources_socket,
-        isolation=IsolationConfig(Isolation(args.isolation), args.hami_library, args.hami_preload, args.mps_pipe_dir),
+        isolation=isolation,
         health_recovery_s=args.health_recovery_seconds, reconcile_s=args.reconcile_seconds,
         usage_s=args.usage_seconds, metrics_address=args.metrics_address, metrics_port=args.metrics_port)
     plugin = DevicePlugin(plugin_config, backend, kube)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -31,6 +32,9 @@ class IsolationConfig:
     hami_library: str = HAMI_LIBRARY_IN_CONTAINER
     hami_preload: str = "/usr/local/vgpu/ld.so.preload"
     mps_pipe_dir: str = "/tmp/nvidia-mps"
+    # The daemon's shared memory, which its clients map: the host's /dev/shm for a daemon in the host's IPC
+    # namespace (the chart's). "" mounts none, for a daemon whose clients share its IPC namespace otherwise.
+    mps_shm_dir: str = "/dev/shm"
 
 
 @dataclass(frozen=True)
@@ -76,4 +80,25 @@ def container_environment(grant: ContainerGrant, config: IsolationConfig) -> tup
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(grant.compute_percent)
         env["CUDA_MPS_PIPE_DIRECTORY"] = config.mps_pipe_dir
         mounts.append(Mount(config.mps_pipe_dir, config.mps_pipe_dir, read_only=False))
+        if config.mps_shm_dir:
+            mounts.append(Mount("/dev/shm", config.mps_shm_dir, read_only=False))
     return env, mounts
+
+
+def missing_files(config: IsolationConfig) -> str | None:
+    """Why the isolation mode cannot work on this node, when what it mounts into containers is not here.
+
+    The plugin sees the host paths it hands to the kubelet (the chart mounts them at the same paths): a
+    container started without them would run unisolated (hami-core) or fail at its first CUDA call (mps).
+    """
+    if config.mode is Isolation.HAMI_CORE:
+        for path, what in ((config.hami_library, "HAMi-core's library (--hami-library)"),
+                           (config.hami_preload, "the preload file (--hami-preload)")):
+            if not os.path.isfile(path):
+                return (f"--isolation hami-core needs {what} at {path}, and there is no file there; install "
+                        "HAMi-core on the node (the chart's install-hami-core init container does) or fix the path.")
+    elif config.mode is Isolation.MPS and not os.path.isdir(config.mps_pipe_dir):
+        return (f"--isolation mps needs the MPS daemon's pipe folder {config.mps_pipe_dir} (--mps-pipe-dir), and "
+                "there is no folder there; start nvidia-cuda-mps-control -f on the node (the chart's "
+                "devicePlugin.mps.controlDaemon.enabled) or fix the path.")
+    return None

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import ssl
 import sys
 from collections.abc import Sequence
 
 import uvicorn
 
-from extender.app import create_app
-from extender.config import ConfigError, parse_config
+from extender.app import HealthOnly, create_app
+from extender.config import ConfigError, ExtenderConfig, parse_config
+from extender.tls import ServerTLS
 from gpushare import __version__
 from gpushare.kube.client import KubeConfigError, connect
 from gpushare.logs import configure_logging
@@ -35,10 +38,51 @@ def main(argv: Sequence[str] | None = None) -> None:
         "workload_seed": str(config.workload_seed) if config.workload_seed else None,
         "lease": f"{leader.namespace}/{leader.name}" if leader else None,
         "identity": leader.identity if leader else None, "advertise_url": leader.advertise_url if leader else None})
-    uvicorn.run(create_app(config, kube), host=config.host, port=config.port,
-                ssl_certfile=str(config.tls_cert) if config.tls_cert else None,
-                ssl_keyfile=str(config.tls_key) if config.tls_key else None,
-                log_config=None, access_log=False)
+    tls = _server_tls(config)
+    if tls is None or not tls.mutual:
+        log.warning("INSECURE: the extender accepts filter, prioritize, bind and inspect from anyone who can reach "
+                    "it, and a bind moves any pending pod onto any node; give --tls-client-ca (with --tls-cert and "
+                    "--tls-key) so that only kube-scheduler's client certificate is accepted (docs/install.md)")
+    app = create_app(config, kube)
+    main_server = uvicorn.Server(uvicorn.Config(
+        app, host=config.host, port=config.port, log_config=None, access_log=False,
+        # Called once, at start; the context then follows the files itself (extender/tls.py).
+        ssl_context_factory=(lambda _config, _default: tls.context) if tls is not None else None))
+    health_server = None
+    if config.health_port is not None:
+        health_server = uvicorn.Server(uvicorn.Config(HealthOnly(app), host=config.host, port=config.health_port,
+                                                      lifespan="off", log_config=None, access_log=False))
+    asyncio.run(_serve(main_server, health_server))
+
+
+def _server_tls(config: ExtenderConfig) -> ServerTLS | None:
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    try:
+        return ServerTLS(config.tls_cert, config.tls_key, config.tls_client_ca)
+    except (OSError, ssl.SSLError) as exc:
+        print(f"gpushare-extender: could not load --tls-cert {config.tls_cert}, --tls-key {config.tls_key} or "
+              f"--tls-client-ca {config.tls_client_ca}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+async def _serve(main_server: uvicorn.Server, health_server: uvicorn.Server | None) -> None:
+    """Serve the main listener and, beside it on the same event loop, the health listener.
+
+    Health stays on the loop that serves filter and bind, so a stuck loop fails the liveness probe. Each
+    server takes SIGTERM while it serves and hands it on to the one that took it before: the health
+    listener (started second) stops first, then the main one drains its requests and runs the app's shutdown.
+    """
+    if health_server is None:
+        await main_server.serve()
+        return
+    main_task = asyncio.create_task(main_server.serve())
+    await asyncio.sleep(0)  # the main server takes the signals first
+    health_task = asyncio.create_task(health_server.serve())
+    # Either one stopping (a signal, a port in use, the app failing to start) stops the other.
+    await asyncio.wait({main_task, health_task}, return_when=asyncio.FIRST_COMPLETED)
+    main_server.should_exit = health_server.should_exit = True
+    await asyncio.gather(main_task, health_task)
 
 
 if __name__ == "__main__":

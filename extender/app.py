@@ -14,14 +14,17 @@ import orjson
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from extender.binder import UNDO_GRACE_S, Binder, BindOutcome
 from extender.config import ExtenderConfig
 from extender.forward import FORWARDED_BY_HEADER, BindForwarder
 from extender.inspect import inspect_nodes
 from extender.leader import LeaderElector
+from extender.ledger import FilterLedger
 from extender.metrics import ExtenderMetrics
 from extender.placement import PolicyBook, RequestCache
+from extender.tls import ClientTLS
 from extender.verbs import Verbs
 from extender.wire import BadRequest, BindingArgs, parse_binding_args, parse_extender_args, subdomain_problem
 from gpushare import __version__
@@ -86,6 +89,35 @@ async def _freeze_when_synced(watch: ClusterWatch) -> None:
     gc.freeze()
 
 
+def _passed(result: dict[str, Any]) -> list[str]:
+    """The node names a filter answer passed, in either of kube-scheduler's modes; none when it failed."""
+    if result["NodeNames"] is not None:
+        return list(result["NodeNames"])
+    return [item["metadata"]["name"] for item in (result["Nodes"] or {}).get("items", [])]
+
+
+HEALTH_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+class HealthOnly:
+    """The app as the plain-HTTP health listener serves it: health, readiness and metrics, nothing else.
+
+    Probes and Prometheus hold no client certificate, so with mutual TLS they cannot use the main listener;
+    this one answers 404 to every other path, so it opens no way around the certificate.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in HEALTH_PATHS:
+            response = Response("this port serves only /healthz, /readyz and /metrics\n", status_code=404,
+                                media_type="text/plain")
+            await response(scope, receive, send)
+            return
+        await self._app(scope, receive, send)
+
+
 def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
     """Build the extender around one API server's ``Kube``; the watch starts with the app."""
     cache = ClusterCache(config.unit)
@@ -94,6 +126,7 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
     requests = RequestCache()
     verbs = Verbs(cache, book, requests, config.tie_seed)
     binder = Binder(kube.pods, cache, book, watch.pending, config.bind_timeout_s)
+    ledger = FilterLedger()
     # Binds wait on the API server; they get threads of their own, so that however slow it is, filter and
     # prioritize (Starlette's pool) keep their threads. A full pool answers at once instead of queueing.
     bind_pool = ThreadPoolExecutor(max_workers=config.max_binds, thread_name_prefix="bind")
@@ -107,7 +140,10 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
         # empty cache; the previous leader's placements are in pod annotations, written before each Binding.
         elector = LeaderElector(kube.leases, config.leader, lambda: watch.synced)
         # The leader answers within its budget and the undo's grace; the follower waits a little longer.
-        forwarder = BindForwarder(config.leader.identity, config.peer_ca,
+        # A follower presents the replicas' own certificate: the leader asks every caller for one its client CA
+        # signed, and the chart's Secret has the same CA sign both (docs/install.md, "Certificates").
+        peer_tls = ClientTLS(config.peer_ca, config.tls_cert, config.tls_key)
+        forwarder = BindForwarder(config.leader.identity, peer_tls,
                                   config.bind_timeout_s + UNDO_GRACE_S + ANSWER_MARGIN_S)
     metrics = ExtenderMetrics(cache, lambda: elector is None or elector.is_leader)
 
@@ -143,10 +179,12 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
         with metrics.timed("filter"):
             try:
                 args = parse_extender_args(await _read_body(request, config.max_body_bytes))
-                response = _json(verbs.filter(args))
+                result = verbs.filter(args)
             except (BadRequest, _BodyError) as exc:
                 return bad_request("filter", exc)
+            ledger.record(args.pod.uid or args.pod.key, _passed(result))
             metrics.filtered(args.pod.uid)
+            response = _json(result)
             metrics.count("filter", 200)
             return response
 
@@ -187,8 +225,18 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
                 args = parse_binding_args(body)
             except (BadRequest, _BodyError) as exc:
                 return bad_request("bind", exc)
+            forwarded_by = request.headers.get(FORWARDED_BY_HEADER)
+            # A forwarded bind was checked by the follower that kube-scheduler filtered through (the Service
+            # keeps a scheduler on one replica); the leader never saw that filter.
+            problem = None if forwarded_by is not None else ledger.problem(
+                args.pod_uid or f"{args.pod_namespace}/{args.pod_name}", args.node)
+            if problem is not None:
+                metrics.binds.labels("failed").inc()
+                metrics.count("bind", 200)
+                return _json({"Error": f"gpushare refused to bind pod {args.pod_namespace}/{args.pod_name} to node "
+                                       f"{args.node}: {problem}; kube-scheduler will filter it again."})
             if elector is not None and forwarder is not None and not elector.is_leader:
-                answer = await forwarder.forward(body, args, elector.view(), request.headers.get(FORWARDED_BY_HEADER))
+                answer = await forwarder.forward(body, args, elector.view(), forwarded_by)
                 metrics.count("bind", answer.status)
                 return Response(answer.body, status_code=answer.status, media_type="application/json")
             outcome = await bind_here(args)

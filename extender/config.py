@@ -41,6 +41,8 @@ class ExtenderConfig:
     port: int = DEFAULT_PORT
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # None: any client may call (insecure, warned about at start)
+    health_port: int | None = None  # plain-HTTP listener for /healthz, /readyz and /metrics only
     unit: MemoryUnit = MemoryUnit.GiB
     log_level: str = "INFO"
     policy: str = DEFAULT_POLICY
@@ -64,6 +66,14 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"port to listen on (default: $PORT, else {DEFAULT_PORT})")
     parser.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate (kube-scheduler enableHTTPS)")
     parser.add_argument("--tls-key", type=Path, help="private key of --tls-cert")
+    parser.add_argument("--tls-client-ca", type=Path, default=_env_path("GPUSHARE_TLS_CLIENT_CA"),
+                        help="accept only connections whose client certificate this CA signed, such as "
+                             "kube-scheduler's tlsConfig certFile (default: $GPUSHARE_TLS_CLIENT_CA; without it "
+                             "anyone who reaches the extender may bind pods)")
+    parser.add_argument("--health-port", type=int, default=None,
+                        help="also serve /healthz, /readyz and /metrics, and nothing else, over plain HTTP on this "
+                             "port, for probes and Prometheus that hold no client certificate (default: "
+                             "$GPUSHARE_HEALTH_PORT, else none)")
     parser.add_argument("--unit", choices=[u.value for u in MemoryUnit], default=os.environ.get("GPU_MEM_UNIT", "GiB"),
                         help="unit of one aliyun.com/gpu-mem device, as the device plugin advertises it "
                              "(default: $GPU_MEM_UNIT, else GiB)")
@@ -159,9 +169,15 @@ def parse_config(argv: Sequence[str] | None = None) -> ExtenderConfig:
         raise ConfigError(f"Port {port} is out of range; use 1 to 65535.")
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ConfigError("--tls-cert and --tls-key go together; give both to serve HTTPS, or neither.")
+    if args.tls_client_ca is not None and args.tls_cert is None:
+        raise ConfigError("--tls-client-ca checks client certificates during the TLS handshake, so it needs "
+                          "--tls-cert and --tls-key as well.")
+    health_port = _number(args.health_port, "--health-port", "GPUSHARE_HEALTH_PORT", -1, int)
+    if health_port != -1 and (not 0 <= health_port <= 65535 or (health_port == port and port != 0)):
+        raise ConfigError(f"--health-port {health_port} must be from 0 to 65535 and differ from --port ({port}).")
     if args.policy not in policy_names():
         raise ConfigError(f"Unknown placement policy {args.policy!r}; use one of {', '.join(policy_names())}.")
-    for path in (args.tls_cert, args.tls_key, args.kubeconfig, args.peer_ca, args.workload_seed):
+    for path in (args.tls_cert, args.tls_key, args.tls_client_ca, args.kubeconfig, args.peer_ca, args.workload_seed):
         if path is not None and not path.is_file():
             raise ConfigError(f"{path} does not exist or is not a file.")
     if args.workload_seed is not None:
@@ -180,10 +196,16 @@ def parse_config(argv: Sequence[str] | None = None) -> ExtenderConfig:
         raise ConfigError(f"--max-body-bytes {max_body} must be from 65536 (64 KiB) to 4294967296 (4 GiB).")
     return ExtenderConfig(host=args.host, port=port, bind_timeout_s=bind_timeout, max_binds=max_binds,
                           max_body_bytes=max_body, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                          tls_client_ca=args.tls_client_ca, health_port=None if health_port == -1 else health_port,
                           unit=MemoryUnit(args.unit), log_level=args.log_level, policy=args.policy,
                           tie_seed=args.tie_seed, kubeconfig=args.kubeconfig, context=args.context,
                           leader=_lease_settings(args, port),
                           peer_ca=args.peer_ca, workload_seed=args.workload_seed)
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name, "").strip()
+    return Path(value) if value else None
 
 
 def _number(flag_value: N | None, flag: str, env: str, default: N, kind: type[N]) -> N:

@@ -6,14 +6,13 @@ failures: kube-scheduler shows the sentence in the pod's events and schedules th
 
 from __future__ import annotations
 
-import ssl
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import orjson
 
 from extender.leader import LeaderView
+from extender.tls import ClientTLS
 from extender.wire import BindingArgs
 
 BIND_PATH = "/gpushare-scheduler/bind"
@@ -30,27 +29,18 @@ class Answer:
     body: bytes
 
 
-def _peer_tls(peer_ca: Path | None) -> ssl.SSLContext | bool:
-    """Trust for the leader's HTTPS: its certificate names the Service, not the pod address we dial."""
-    if peer_ca is None:
-        return True
-    context = ssl.create_default_context(cafile=str(peer_ca))
-    context.check_hostname = False
-    return context
-
-
 class BindForwarder:
     """Forwards bind bodies to the leader over one pooled ``httpx.AsyncClient``, opened with the app."""
 
-    def __init__(self, identity: str, peer_ca: Path | None = None, timeout_s: float = FORWARD_TIMEOUT_S) -> None:
+    def __init__(self, identity: str, tls: ClientTLS, timeout_s: float = FORWARD_TIMEOUT_S) -> None:
         self._identity = identity
-        self._peer_ca = peer_ca
+        self._tls = tls
         self._timeout_s = timeout_s
         self._client: httpx.AsyncClient | None = None
 
     async def open(self) -> None:
         # No proxy from the environment: peers are reached directly, on the pod network.
-        self._client = httpx.AsyncClient(timeout=self._timeout_s, verify=_peer_tls(self._peer_ca), trust_env=False)
+        self._client = httpx.AsyncClient(timeout=self._timeout_s, verify=self._tls.context, trust_env=False)
 
     async def close(self) -> None:
         if self._client is not None:
@@ -71,6 +61,7 @@ class BindForwarder:
                           "gpushare.io/leader-url); kube-scheduler will try again.")
         if self._client is None:
             raise RuntimeError("BindForwarder.open() was not awaited before forward()")
+        self._tls.refresh()
         try:
             response = await self._client.post(
                 leader.leader_url.rstrip("/") + BIND_PATH, content=body,

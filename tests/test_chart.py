@@ -78,15 +78,16 @@ def test_extender_command_and_probes(rendered: dict[str, Docs]) -> None:
     extender = container(find(rendered["default"], "Deployment", "gpushare-extender"))
     assert extender["command"] == ["gpushare-extender"]
     # The chart's default policy is the extender's own default, so a chart install behaves like the README says.
-    assert extender["args"] == ["--port=39999", f"--policy={DEFAULT_POLICY}", "--unit=GiB", "--log-level=INFO",
-                                "--bind-timeout=3", "--max-concurrent-binds=32", "--max-body-bytes=16777216"]
+    assert extender["args"] == ["--port=39999", "--health-port=39998", f"--policy={DEFAULT_POLICY}", "--unit=GiB",
+                                "--log-level=INFO", "--bind-timeout=3", "--max-concurrent-binds=32",
+                                "--max-body-bytes=16777216"]
     # The bind budget stays a second below the httpTimeout the chart gives kube-scheduler.
     config = parse_config(extender["args"])
     scheduler = yaml.safe_load(find(rendered["default"], "ConfigMap", "gpushare-scheduler-config")["data"]
                                ["scheduler-config.yaml"])
     assert config.bind_timeout_s + 1 <= int(scheduler["extenders"][0]["httpTimeout"].rstrip("s"))
-    assert extender["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http", "scheme": "HTTP"}
-    assert extender["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http", "scheme": "HTTP"}
+    assert extender["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health", "scheme": "HTTP"}
+    assert extender["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health", "scheme": "HTTP"}
     service = find(rendered["default"], "Service", "gpushare-extender")
     assert service["spec"]["type"] == "ClusterIP"
     assert service["spec"]["ports"][0]["port"] == 39999
@@ -193,7 +194,8 @@ def test_ha_tls_and_monitoring(rendered: dict[str, Docs]) -> None:
         extender["args"])
     assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in extender["env"]} == {
         "POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_IP": "status.podIP"}
-    assert extender["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    # Probes present no client certificate: they use the plain health port, which serves nothing else.
+    assert extender["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health", "scheme": "HTTP"}
     assert find(docs, "PodDisruptionBudget", "gpushare-extender")["spec"]["minAvailable"] == 1
     lease = find(docs, "Role", "gpushare-extender-leader-election")
     assert lease["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
@@ -209,7 +211,7 @@ def test_ha_tls_and_monitoring(rendered: dict[str, Docs]) -> None:
     monitor = find(docs, "ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
-    assert monitor["spec"]["endpoints"][0]["scheme"] == "https"
+    assert monitor["spec"]["endpoints"][0]["port"] == "health" and "tlsConfig" not in monitor["spec"]["endpoints"][0]
     assert find(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
 
 

@@ -254,7 +254,7 @@ def test_mps_pins_memory_per_device_and_mounts_the_pipe_folder() -> None:
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M,1=4096M"
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/mps"
-    assert mounts == [Mount("/run/mps", "/run/mps", read_only=False)]
+    assert mounts == [Mount("/run/mps", "/run/mps", read_only=False), Mount("/dev/shm", "/dev/shm", read_only=False)]
 
 
 def test_without_a_compute_share_no_sm_or_thread_limit_is_set() -> None:
@@ -413,3 +413,16 @@ def test_the_command_line_refuses_incomplete_settings_with_a_sentence(monkeypatc
     described.write_text("nodes: [{name: other, gpus: [{model: T4, memoryMiB: 15360}]}]\n")
     assert (f"The cluster description {described} has no node named 'n1' (the --node-name); it describes other."
             in refused([*simulated, "--cluster", str(described)], capsys))
+    # Checked before NVML is touched, so a node without the driver reports the missing files.
+    on_node = ["--node-name", "n1"]
+    absent = tmp_path / "absent"
+    assert (f"--isolation hami-core needs HAMi-core's library (--hami-library) at {absent}/libvgpu.so, and there is "
+            "no file there" in refused([*on_node, "--isolation", "hami-core", "--hami-library",
+                                        f"{absent}/libvgpu.so"], capsys))
+    library = tmp_path / "libvgpu.so"
+    library.write_bytes(b"")
+    assert f"needs the preload file (--hami-preload) at {absent}/preload" in refused(
+        [*on_node, "--isolation", "hami-core", "--hami-library", str(library), "--hami-preload",
+         f"{absent}/preload"], capsys)
+    assert f"--isolation mps needs the MPS daemon's pipe folder {absent} (--mps-pipe-dir)" in refused(
+        [*on_node, "--isolation", "mps", "--mps-pipe-dir", str(absent)], capsys)

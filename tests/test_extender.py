@@ -57,7 +57,13 @@ class Env:
         items: list[dict[str, Any]] = orjson.loads(listed.data)["items"]
         return [n for n in items if n["metadata"]["name"] in names]
 
-    def bind(self, pod: dict[str, Any], node: str) -> str:
+    def filter(self, pod: dict[str, Any], node: str) -> None:
+        self.post("filter", {"Pod": pod, "NodeNames": [node]})
+
+    def bind(self, pod: dict[str, Any], node: str, filter_first: bool = True) -> str:
+        """Bind the pod to ``node``, after filtering it there as kube-scheduler does; the bind's Error."""
+        if filter_first:
+            self.filter(pod, node)
         response = self.post("bind", {"PodName": pod["metadata"]["name"], "PodNamespace": "default",
                                       "PodUID": pod["metadata"]["uid"], "Node": node})
         assert response.status_code == 200
@@ -170,9 +176,10 @@ def test_bind_writes_annotations_then_binds(env: Env) -> None:
     stored = read_pod(env.core, "p")
     assert stored["spec"]["nodeName"] == "mixed"
     ann = stored["metadata"]["annotations"]
-    assert (ann[ANN_IDX], ann[ANN_POD], ann[ANN_DEV], ann[ANN_ASSIGNED]) == ("0", "10", "15", "false")
+    # Filter taught the default (learning) policy this pod's shape first; knowing it, the policy takes GPU 1.
+    assert (ann[ANN_IDX], ann[ANN_POD], ann[ANN_DEV], ann[ANN_ASSIGNED]) == ("1", "10", "32", "false")
     env.settled()
-    assert env.inspect("mixed")["nodes"][0]["devs"][0]["pods"] == [{"name": "p", "namespace": "default",
+    assert env.inspect("mixed")["nodes"][0]["devs"][1]["pods"] == [{"name": "p", "namespace": "default",
                                                                      "usedGPU": 10}]
     assert env.metric("gpushare_extender_binds_total") == 1
 
@@ -260,8 +267,10 @@ def test_impossible_request_is_unresolvable(env: Env) -> None:
 def test_bind_that_no_longer_fits_fails_cleanly(env: Env) -> None:
     first = create_pod(env.core, pod_body("first", 30))
     second = create_pod(env.core, pod_body("second", 30))
+    # Both pass filter while the node is empty, as when kube-scheduler filters the second before the first's bind.
+    env.filter(second, "mixed")
     assert env.bind(first, "mixed") == ""
-    error = env.bind(second, "mixed")
+    error = env.bind(second, "mixed", filter_first=False)
     assert "gpushare could not bind pod default/second to node mixed: the pod no longer fits" in error
     stored = read_pod(env.core, "second")
     assert ANN_IDX not in (stored["metadata"].get("annotations") or {})

@@ -108,6 +108,9 @@ def used_units(url: str) -> int:
 
 
 def bind(url: str, pod: dict[str, Any], node: str, headers: dict[str, str] | None = None) -> str:
+    """Filter through ``url`` and bind through it, as kube-scheduler does on one replica; the bind's Error."""
+    httpx.post(url + "/gpushare-scheduler/filter", timeout=30,
+               content=orjson.dumps({"Pod": pod, "NodeNames": [node]}))
     response = httpx.post(url + "/gpushare-scheduler/bind", timeout=30, headers=headers, content=orjson.dumps(
         {"PodName": pod["metadata"]["name"], "PodNamespace": "default", "PodUID": pod["metadata"]["uid"],
          "Node": node}))

@@ -143,7 +143,7 @@ CASES: list[tuple[str, Any, int, str]] = [
      "ExtenderBindingArgs.Node '../x' must be a DNS subdomain"),
     ("bind", {"PodName": "p", "PodNamespace": "default"}, 400, "ExtenderBindingArgs.PodUID must be a string"),
     ("bind", {"PodName": "nobody", "PodNamespace": "default", "PodUID": "u", "Node": "t4x2"}, 200,
-     "the pod no longer exists"),
+     "did not filter the pod"),
     ("bind", b"x" * (CAP + 1), 413, "--max-body-bytes"),
     ("/gpushare-scheduler/inspect/Bad_Node", None, 400, "The node name 'Bad_Node' must be a DNS subdomain"),
     (f"/gpushare-scheduler/inspect/{LONG}", None, 400, "is 300 characters long"),

@@ -112,6 +112,8 @@ class Probe:
 
 
 def bind(http: httpx.Client, pod: dict[str, Any]) -> tuple[str, float]:
+    """Filter (answered from the cache) and bind, as kube-scheduler does; the bind's Error and time."""
+    http.post("/gpushare-scheduler/filter", content=orjson.dumps({"Pod": pod, "NodeNames": ["t4x2"]}))
     start = time.perf_counter()
     response = http.post("/gpushare-scheduler/bind", content=orjson.dumps({
         "PodName": pod["metadata"]["name"], "PodNamespace": "default", "PodUID": pod["metadata"]["uid"],

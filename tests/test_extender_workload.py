@@ -146,6 +146,7 @@ def test_bind_reserves_cpu_before_the_binding(cluster: LocalCluster, core: Any) 
     pods = ReservationCountingPods(cluster)
     with running_extender(cluster, pods=pods) as url:
         pods.url = url
+        httpx.post(url + "/gpushare-scheduler/filter", json={"Pod": pod, "NodeNames": ["roomy"]})
         answer = httpx.post(url + "/gpushare-scheduler/bind", json={
             "PodName": "plain", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "roomy"})
         assert answer.json() == {"Error": ""}

@@ -301,7 +301,8 @@ def test_isolation_settings_reach_the_container(mode: Isolation) -> None:
         else:
             assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=5120M"
             assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
-            assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/host/mps" and mounts == [("/host/mps", "/host/mps", False)]
+            assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/host/mps" and mounts == [("/host/mps", "/host/mps", False),
+                                                                           ("/dev/shm", "/dev/shm", False)]
 
 
 def test_status_endpoints_and_per_gpu_metrics(node: Rig) -> None:

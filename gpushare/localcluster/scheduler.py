@@ -32,6 +32,7 @@ from __future__ import annotations
 import heapq
 import logging
 import random
+import ssl
 import threading
 import time
 from collections import Counter
@@ -185,7 +186,7 @@ class SchedulerLoop:
 
     def __init__(self, api_client: client.ApiClient, extender_url: str | None, weight: int = 1,
                  node_cache_capable: bool = True, seed: int | None = None, extender_for_all_pods: bool = False,
-                 percentage_of_nodes_to_score: int = 0) -> None:
+                 percentage_of_nodes_to_score: int = 0, tls: ssl.SSLContext | None = None) -> None:
         self._kube = Kube.from_api_client(api_client)
         self._url = extender_url.rstrip("/") if extender_url is not None else None
         self.weight = weight
@@ -193,7 +194,9 @@ class SchedulerLoop:
         self.extender_for_all_pods = extender_for_all_pods
         self.percentage_of_nodes_to_score = percentage_of_nodes_to_score
         self._rng = random.Random(seed)
+        # ``tls``: kube-scheduler's tlsConfig, the CA it trusts and the client certificate it presents.
         self._http = httpx.Client(timeout=EXTENDER_TIMEOUT_S, headers={"Content-Type": "application/json"},
+                                  verify=tls if tls is not None else True,
                                   limits=httpx.Limits(max_connections=MAX_BINDS_IN_FLIGHT + 1))
         self._lock = threading.Lock()
         self._nodes: dict[str, _HostNode] = {}

@@ -1,0 +1,117 @@
+"""TLS for the extender, served and dialled, following certificate files that change on disk.
+
+cert-manager renews a certificate well before it expires and the kubelet swaps the Secret volume's files
+(an atomic rename of its ``..data`` symlink). A context loaded once at start would keep presenting the old
+certificate until it expired, and then every filter and bind would fail; so both sides look at the files'
+identity before each new connection and load them again when it changed. A half-written or mismatched set
+(a hand edit in progress) is logged and skipped: the previous certificate keeps serving until the files are
+whole again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_Stamp = tuple[tuple[int, int, int, int], ...]
+
+
+def _stamp(paths: tuple[Path, ...]) -> _Stamp:
+    """What changes when any file is replaced: the target's device, inode, size and mtime (symlinks followed)."""
+    stamps = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            stamps.append((-1, -1, -1, -1))  # mid-swap or removed: a change, and the load will say what is wrong
+            continue
+        stamps.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(stamps)
+
+
+class ServerTLS:
+    """The extender's serving context: with ``client_ca``, a handshake without a certificate it signed fails.
+
+    ``context`` is what the listener is given. It asks for a client certificate itself (OpenSSL keeps the
+    verify mode of the context a connection started with), and on every ClientHello hands the connection to
+    the context loaded from the files as they are now, so a renewed certificate or client CA applies from the
+    next connection on without a restart and without failing one already open.
+    """
+
+    def __init__(self, cert: Path, key: Path, client_ca: Path | None) -> None:
+        self._cert, self._key, self._client_ca = cert, key, client_ca
+        self._paths = (cert, key) if client_ca is None else (cert, key, client_ca)
+        self._seen = _stamp(self._paths)
+        self._current = self._load()  # an unreadable file at start is the caller's error to report
+        self.context = self._load()
+        self.context.sni_callback = self._on_client_hello
+
+    @property
+    def mutual(self) -> bool:
+        return self._client_ca is not None
+
+    def _load(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self._cert, self._key)
+        if self._client_ca is not None:
+            context.load_verify_locations(cafile=self._client_ca)
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    def current(self) -> ssl.SSLContext:
+        """The context for a new connection, loaded again first if any of the files changed since."""
+        seen = _stamp(self._paths)
+        if seen != self._seen:
+            try:
+                self._current = self._load()
+            except (OSError, ssl.SSLError) as exc:
+                log.warning("the TLS files changed but could not be loaded; still serving the previous certificate "
+                            "and client CA: %s", exc, extra={"cert": str(self._cert)})
+                return self._current
+            self._seen = seen
+            log.info("loaded the renewed TLS certificate", extra={"cert": str(self._cert)})
+        return self._current
+
+    def _on_client_hello(self, connection: ssl.SSLObject | ssl.SSLSocket, _server_name: str | None,
+                         _context: ssl.SSLContext) -> None:
+        connection.context = self.current()
+
+
+class ClientTLS:
+    """A follower's context for dialling the leader: trusts ``ca`` and presents ``cert`` when given one.
+
+    The certificate and CA are loaded again into the same context when their files change; ``refresh`` runs
+    on the event loop before each forward, so no connection is being opened while the context changes.
+    """
+
+    def __init__(self, ca: Path | None, cert: Path | None = None, key: Path | None = None) -> None:
+        self._ca, self._cert, self._key = ca, cert, key
+        self._paths = tuple(path for path in (ca, cert, key) if path is not None)
+        self._seen = _stamp(self._paths)
+        # The leader's certificate names the Service, not the pod address dialled; the CA is what is checked.
+        self.context = ssl.create_default_context(cafile=str(ca) if ca is not None else None)
+        self.context.check_hostname = ca is None
+        self._load()
+
+    def _load(self) -> None:
+        if self._ca is not None:
+            self.context.load_verify_locations(cafile=self._ca)
+        if self._cert is not None and self._key is not None:
+            self.context.load_cert_chain(self._cert, self._key)
+
+    def refresh(self) -> None:
+        seen = _stamp(self._paths)
+        if seen == self._seen:
+            return
+        try:
+            self._load()
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("the TLS files for reaching the leader changed but could not be loaded; still using the "
+                        "previous ones: %s", exc)
+            return
+        self._seen = seen

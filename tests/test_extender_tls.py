@@ -1,0 +1,290 @@
+"""Mutual TLS as kube-scheduler and the chart use it: real extender processes, real handshakes on loopback.
+
+Certificates are minted with the openssl command in the test's temporary directory: a CA that signs the
+extender's serving certificate and kube-scheduler's client certificate (as the chart's Secret does), and a
+second CA standing for anyone else in the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from kubernetes import client
+from test_extender_harness import T4, T4_MIB, create_pod, gpu_node, pod_body, spec, wait_for
+
+from gpushare.localcluster import LocalCluster
+from gpushare.localcluster.scheduler import SchedulerLoop
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for certificates")
+
+PREFIX = "/gpushare-scheduler"
+VERBS = ["filter", "prioritize", "bind", "preempt"]
+
+
+def _openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+
+@dataclass(frozen=True)
+class Issued:
+    cert: Path
+    key: Path
+
+
+def make_ca(folder: Path, name: str) -> Issued:
+    ca = Issued(folder / f"{name}.crt", folder / f"{name}.key")
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1",
+             "-keyout", ca.key, "-out", ca.cert, "-subj", f"/CN={name}")
+    return ca
+
+
+def issue(ca: Issued, folder: Path, name: str, serial: int, server: bool) -> Issued:
+    """A leaf certificate from ``ca``; a server one names 127.0.0.1, where the tests dial."""
+    leaf = Issued(folder / f"{name}.crt", folder / f"{name}.key")
+    request, extensions = folder / f"{name}.csr", folder / f"{name}.ext"
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", leaf.key,
+             "-out", request, "-subj", f"/CN={name}")
+    extensions.write_text("subjectAltName=IP:127.0.0.1\n" if server else "basicConstraints=CA:FALSE\n")
+    _openssl("x509", "-req", "-in", request, "-CA", ca.cert, "-CAkey", ca.key, "-set_serial", str(serial),
+             "-days", "1", "-out", leaf.cert, "-extfile", extensions)
+    request.unlink()
+    extensions.unlink()
+    return leaf
+
+
+@dataclass(frozen=True)
+class Pki:
+    ca: Issued
+    server: Issued
+    scheduler: Issued
+    stranger: Issued  # signed by another CA
+
+    def client(self, identity: Issued | None) -> ssl.SSLContext:
+        """What a caller uses: trusts the extender's CA, presents ``identity`` if any."""
+        context = ssl.create_default_context(cafile=str(self.ca.cert))
+        if identity is not None:
+            context.load_cert_chain(identity.cert, identity.key)
+        return context
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    ca = make_ca(tmp_path, "gpushare-ca")
+    other = make_ca(tmp_path, "other-ca")
+    return Pki(ca, issue(ca, tmp_path, "extender", 1, server=True), issue(ca, tmp_path, "kube-scheduler", 2, False),
+               issue(other, tmp_path, "stranger", 3, False))
+
+
+@pytest.fixture
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(spec(gpu_node("n1", (T4, T4_MIB)))) as local:
+        yield local
+
+
+@dataclass
+class Extender:
+    url: str  # the main listener, HTTPS
+    health_url: str  # the plain listener: /healthz, /readyz, /metrics
+    logs: list[dict[str, object]]
+
+
+@contextmanager
+def extender(cluster: LocalCluster, folder: Path, *flags: str | Path) -> Iterator[Extender]:
+    """``gpushare-extender`` as a process on 127.0.0.1, both listeners up and its caches synced."""
+    kubeconfig = cluster.write_kubeconfig(folder / "kubeconfig")
+    process = subprocess.Popen([sys.executable, "-m", "extender", "--host", "127.0.0.1", "--kubeconfig",
+                                str(kubeconfig), *map(str, flags)], stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    logs: list[dict[str, object]] = []
+    urls: list[str] = []
+    try:
+        for line in process.stderr:
+            logs.append(json.loads(line))
+            message = str(logs[-1]["msg"])
+            if message.startswith("Uvicorn running on "):
+                urls.append(message.split()[3])
+            if len(urls) == 2:
+                break
+        else:
+            raise AssertionError(f"the extender exited without serving: {logs}")
+        stderr = process.stderr
+
+        def drain() -> None:
+            for line in stderr:
+                logs.append(json.loads(line))
+
+        threading.Thread(target=drain, daemon=True).start()
+        [url] = [u for u in urls if u.startswith("https://")]
+        [health] = [u for u in urls if u.startswith("http://")]
+        wait_for(lambda: httpx.get(health + "/readyz").status_code == 200, "the extender's caches to sync", 20)
+        yield Extender(url, health, logs)
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+        kubeconfig.unlink()
+
+
+def api_writes(cluster: LocalCluster) -> dict[str, float]:
+    """The local API server's request counts, less lists and watches (the extender's caches) and /metrics itself."""
+    counts = {}
+    for line in httpx.get(cluster.url + "/metrics").text.splitlines():
+        if line.startswith("localcluster_requests_total{") and not any(
+                label in line for label in ('verb="list"', 'verb="watch"', 'resource=""')):
+            labels, value = line.rsplit(" ", 1)
+            counts[labels] = float(value)
+    return counts
+
+
+def test_only_the_client_ca_may_call_the_scheduler_verbs(cluster: LocalCluster, pki: Pki, tmp_path: Path) -> None:
+    core = client.CoreV1Api(cluster.api_client())
+    pod = create_pod(core, pod_body("p", 4))
+    with extender(cluster, tmp_path, "--port", "0", "--health-port", "0", "--tls-cert", pki.server.cert,
+                  "--tls-key", pki.server.key, "--tls-client-ca", pki.ca.cert) as ext:
+        before = api_writes(cluster)
+        bind_body = orjson.dumps({"PodName": "p", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"],
+                                  "Node": "n1"})
+        for caller in (None, pki.stranger):
+            with httpx.Client(base_url=ext.url, verify=pki.client(caller)) as http:
+                for verb in VERBS:
+                    with pytest.raises(httpx.TransportError):  # the handshake fails: no request is read
+                        http.post(f"{PREFIX}/{verb}", content=bind_body)
+                for path in ("/inspect", "/inspect/n1"):
+                    with pytest.raises(httpx.TransportError):
+                        http.get(PREFIX + path)
+        # Probes and Prometheus hold no certificate: the plain listener serves them, and only them.
+        for path in ("/healthz", "/readyz", "/metrics"):
+            assert httpx.get(ext.health_url + path).status_code == 200
+        assert httpx.post(ext.health_url + PREFIX + "/bind", content=bind_body).status_code == 404
+        assert httpx.get(ext.health_url + PREFIX + "/inspect").status_code == 404
+
+        with httpx.Client(base_url=ext.url, verify=pki.client(pki.scheduler)) as http:
+            # kube-scheduler's own credentials still cannot bind a pod it did not filter through the extender.
+            error = http.post(PREFIX + "/bind", content=bind_body).json()["Error"]
+            assert error.startswith("gpushare refused to bind pod default/p to node n1: this extender replica did "
+                                    "not filter the pod")
+            assert http.get(PREFIX + "/inspect/n1").json()["nodes"][0]["name"] == "n1"
+        assert api_writes(cluster) == before, "a refused caller reached the API server"
+        assert not read_node_name(cluster, "p")
+
+        with SchedulerLoop(cluster.api_client(), ext.url + PREFIX, tls=pki.client(pki.scheduler)) as loop:
+            result = loop.schedule_pod("p")
+        assert result.node == "n1", result.message
+        assert read_node_name(cluster, "p") == "n1"
+    assert not any(str(entry["msg"]).startswith("INSECURE") for entry in ext.logs)
+
+
+def read_node_name(cluster: LocalCluster, name: str) -> str | None:
+    node: str | None = client.CoreV1Api(cluster.api_client()).read_namespaced_pod(name, "default").spec.node_name
+    return node
+
+
+def test_without_a_client_ca_the_extender_warns_at_start(cluster: LocalCluster, pki: Pki, tmp_path: Path) -> None:
+    with extender(cluster, tmp_path, "--port", "0", "--health-port", "0", "--tls-cert", pki.server.cert,
+                  "--tls-key", pki.server.key) as ext:
+        assert httpx.get(ext.url + "/version", verify=pki.client(None)).status_code == 200
+    [warning] = [entry for entry in ext.logs if str(entry["msg"]).startswith("INSECURE")]
+    assert warning["level"] == "WARNING" and "--tls-client-ca" in str(warning["msg"])
+
+
+class SecretVolume:
+    """A folder laid out as the kubelet lays out a Secret volume, and updated the way it updates one.
+
+    The files are symlinks through ``..data`` to a timestamped folder; an update writes a new folder and
+    renames a new ``..data`` link over the old one, so a reader sees the old set or the new set, never a mix.
+    """
+
+    NAMES = ("tls.crt", "tls.key", "client-ca.crt")
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir()
+        self._generation = 0
+
+    def path(self, name: str) -> Path:
+        return self.root / name
+
+    def write(self, files: dict[str, bytes]) -> None:
+        self._generation += 1
+        folder = self.root / f"..2026_{self._generation:04d}"
+        folder.mkdir()
+        for name, data in files.items():
+            (folder / name).write_bytes(data)
+        (self.root / "..data_tmp").symlink_to(folder.name)
+        os.rename(self.root / "..data_tmp", self.root / "..data")
+        for name in files:
+            if not (self.root / name).is_symlink():
+                (self.root / name).symlink_to(f"..data/{name}")
+        for old in self.root.glob("..2026_*"):
+            if old != folder:
+                shutil.rmtree(old)
+
+
+def served_certificate(port: int, context: ssl.SSLContext) -> tuple[bytes, int]:
+    """One new connection: the certificate the extender presented and the status of GET /version on it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        certificate = tls.getpeercert(binary_form=True)
+        assert certificate is not None
+        tls.sendall(b"GET /version HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        answer = b""
+        while chunk := tls.recv(65536):
+            answer += chunk
+    return certificate, int(answer.split(b" ", 2)[1])
+
+
+def test_a_renewed_certificate_is_served_on_the_next_connection(cluster: LocalCluster, pki: Pki,
+                                                                tmp_path: Path) -> None:
+    volume = SecretVolume(tmp_path / "tls")
+    volume.write({"tls.crt": pki.server.cert.read_bytes(), "tls.key": pki.server.key.read_bytes(),
+                  "client-ca.crt": pki.ca.cert.read_bytes()})
+    renewed = issue(pki.ca, tmp_path, "extender-renewed", 10, server=True)
+    first_der = ssl.PEM_cert_to_DER_cert(pki.server.cert.read_text())
+    renewed_der = ssl.PEM_cert_to_DER_cert(renewed.cert.read_text())
+    context = pki.client(pki.scheduler)
+    with extender(cluster, tmp_path, "--port", "0", "--health-port", "0", "--tls-cert", volume.path("tls.crt"),
+                  "--tls-key", volume.path("tls.key"), "--tls-client-ca", volume.path("client-ca.crt")) as ext:
+        port = int(ext.url.rsplit(":", 1)[1])
+        seen: list[tuple[float, bytes, int]] = []
+        failures: list[BaseException] = []
+        stop = threading.Event()
+
+        def poll() -> None:  # kube-scheduler's calls, each on a new connection, throughout the renewal
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    seen.append((started, *served_certificate(port, context)))
+                except (OSError, ssl.SSLError) as exc:
+                    failures.append(exc)
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        try:
+            wait_for(lambda: len(seen) >= 5, "connections with the first certificate")
+            volume.write({"tls.crt": renewed.cert.read_bytes(), "tls.key": renewed.key.read_bytes(),
+                          "client-ca.crt": pki.ca.cert.read_bytes()})
+            renewed_at = time.monotonic()
+            wait_for(lambda: sum(1 for s in seen if s[0] > renewed_at) >= 5, "connections after the renewal")
+        finally:
+            stop.set()
+            poller.join()
+    assert not failures, failures
+    assert all(status == 200 for _, _, status in seen)
+    assert seen[0][1] == first_der
+    # Every connection opened after the files were swapped got the renewed certificate.
+    assert {der for started, der, _ in seen if started > renewed_at} == {renewed_der}
+    assert any(entry["msg"] == "loaded the renewed TLS certificate" for entry in ext.logs)
