@@ -24,9 +24,17 @@ from extender.leader import LeaderElector
 from extender.ledger import FilterLedger
 from extender.metrics import ExtenderMetrics
 from extender.placement import PolicyBook, RequestCache
+from extender.preempt import Preempt
 from extender.tls import ClientTLS
 from extender.verbs import Verbs
-from extender.wire import BadRequest, BindingArgs, parse_binding_args, parse_extender_args, subdomain_problem
+from extender.wire import (
+    BadRequest,
+    BindingArgs,
+    parse_binding_args,
+    parse_extender_args,
+    parse_preemption_args,
+    subdomain_problem,
+)
 from gpushare import __version__
 from gpushare.cache.state import ClusterCache
 from gpushare.kube.api import Kube
@@ -125,6 +133,7 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
     book = PolicyBook(config.policy, load_workload(config.workload_seed) if config.workload_seed else None)
     requests = RequestCache()
     verbs = Verbs(cache, book, requests, config.tie_seed)
+    preempt = Preempt(cache, requests)
     binder = Binder(kube.pods, cache, book, watch.pending, config.bind_timeout_s)
     ledger = FilterLedger()
     # Binds wait on the API server; they get threads of their own, so that however slow it is, filter and
@@ -199,6 +208,18 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
             except (BadRequest, _BodyError) as exc:
                 return bad_request("prioritize", exc)
             metrics.count("prioritize", 200)
+            return response
+
+    @app.post(PREFIX + "/preempt")
+    async def preempt_verb(request: Request) -> Response:
+        with metrics.timed("preempt"):
+            try:
+                args = parse_preemption_args(await _read_body(request, config.max_body_bytes))
+                # A victim search may try thousands of sets on a crowded node: off the event loop.
+                response = _json(await run_in_threadpool(preempt, args))
+            except (BadRequest, _BodyError) as exc:
+                return bad_request("preempt", exc)
+            metrics.count("preempt", 200)
             return response
 
     async def bind_here(args: BindingArgs) -> BindOutcome:

@@ -34,7 +34,7 @@ class Verbs:
             # kube-scheduler has already checked CPU and memory; only GPU requests need the extender's view.
             self.book.observe_once(args.pod.uid or args.pod.key, request)
             return filter_result(args, names, {}, {})
-        outcome = self.cache.filter(names, request)
+        outcome = self.cache.filter(names, request, args.pod.uid)
         # Only shapes that some node could run, at least when empty, teach the workload: every node the cache
         # does not know lands in FailedNodes, so more failed nodes than unknown ones means a real node could.
         if outcome.passed or len(outcome.failed) > len(unknown):

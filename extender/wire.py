@@ -13,13 +13,13 @@ filter itself.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from gpushare.contract import PodInfo
+from gpushare.contract import MAX_PRIORITY, MIN_PRIORITY, PodInfo
 from gpushare.kube.convert import pod_info
 from gpushare.logs import clip
 
@@ -164,8 +164,15 @@ def check_pod(raw: object, field: str) -> dict[str, Any]:
         _name(spec.get("nodeName"), f"{field}.spec.nodeName")
     _containers(spec.get("containers"), f"{field}.spec.containers", required=True)
     _containers(spec.get("initContainers"), f"{field}.spec.initContainers", required=False)
+    priority = spec.get("priority")
+    if priority is not None and (type(priority) is not int or not MIN_PRIORITY <= priority <= MAX_PRIORITY):
+        raise BadRequest(f"{field}.spec.priority must be a whole number from {MIN_PRIORITY} to {MAX_PRIORITY}, not "
+                         f"{clip(repr(priority))}.")
+    _opt_str(spec.get("preemptionPolicy"), f"{field}.spec.preemptionPolicy", LABEL_MAX)
     status = _obj(pod.get("status"), f"{field}.status", required=False)
     _opt_str(status.get("phase"), f"{field}.status.phase", LABEL_MAX)
+    if status.get("nominatedNodeName"):
+        _name(status.get("nominatedNodeName"), f"{field}.status.nominatedNodeName")
     return pod
 
 
@@ -264,3 +271,65 @@ def filter_result(args: ExtenderArgs, passed: list[str] | None, failed: dict[str
             nodes["items"] = [item for item in args.items if item["metadata"]["name"] in keep]
     return {"Nodes": nodes, "NodeNames": names, "FailedNodes": failed,
             "FailedAndUnresolvableNodes": unresolvable, "Error": error}
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionArgs:
+    """ExtenderPreemptionArgs: the preemptor and, per candidate node, kube-scheduler's victims by UID."""
+
+    pod: PodInfo
+    victims: dict[str, tuple[tuple[str, ...], int]]
+    """Node name -> (the UIDs of kube-scheduler's victims there, in its order, and its PodDisruptionBudget
+    violation count for them)."""
+
+
+def _victims(value: object, field: str, uid_of: Any) -> tuple[tuple[str, ...], int]:
+    entry = _obj(value, field)
+    pods = entry.get("Pods")
+    if pods is None:
+        pods = []
+    if not isinstance(pods, list):
+        raise BadRequest(f"{field}.Pods must be a list, not {_kind(pods)}.")
+    uids = tuple(uid_of(pod, f"{field}.Pods[{i}]") for i, pod in enumerate(pods))
+    violations = entry.get("NumPDBViolations", 0)
+    if type(violations) is not int or violations < 0:
+        raise BadRequest(f"{field}.NumPDBViolations must be a whole number of 0 or more, not {_kind(violations)}.")
+    return uids, violations
+
+
+def _meta_uid(value: object, field: str) -> str:
+    uid = _obj(value, field).get("UID")
+    if type(uid) is not str or not uid:
+        raise BadRequest(f"{field}.UID must be a pod's UID (a non-empty string), not {_kind(uid)}.")
+    _opt_str(uid, f"{field}.UID", UID_MAX)
+    return uid
+
+
+def _pod_uid(value: object, field: str) -> str:
+    meta = _obj(_obj(value, field).get("metadata"), f"{field}.metadata")
+    return _meta_uid({"UID": meta.get("uid")}, f"{field}.metadata")
+
+
+def parse_preemption_args(body: bytes) -> PreemptionArgs:
+    """Either form kube-scheduler sends: ``NodeNameToMetaVictims`` (nodeCacheCapable) or ``NodeNameToVictims``."""
+    data = _object(body, "ExtenderPreemptionArgs {Pod, NodeNameToVictims, NodeNameToMetaVictims}")
+    pod = pod_info(check_pod(data.get("Pod"), "ExtenderPreemptionArgs.Pod"))
+    meta, full = data.get("NodeNameToMetaVictims"), data.get("NodeNameToVictims")
+    if meta is not None:
+        field, nodes, uid_of = "ExtenderPreemptionArgs.NodeNameToMetaVictims", meta, _meta_uid
+    elif full is not None:
+        field, nodes, uid_of = "ExtenderPreemptionArgs.NodeNameToVictims", full, _pod_uid
+    else:
+        raise BadRequest("ExtenderPreemptionArgs carries neither NodeNameToMetaVictims (nodeCacheCapable: true) nor "
+                         "NodeNameToVictims (nodeCacheCapable: false); send one of them.")
+    nodes = _obj(nodes, field)
+    if len(nodes) > MAX_NODES:
+        raise BadRequest(f"{field} lists {len(nodes)} nodes; at most {MAX_NODES} are allowed.")
+    check_node_names(nodes, f"{field} key")
+    return PreemptionArgs(pod, {name: _victims(entry, f"{field}[{name}]", uid_of) for name, entry in nodes.items()})
+
+
+def preemption_result(victims: dict[str, tuple[Sequence[str], int]]) -> dict[str, Any]:
+    """ExtenderPreemptionResult, always in the meta form kube-scheduler reads back (pods by UID)."""
+    return {"NodeNameToMetaVictims": {node: {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": violations}
+                                      for node, (uids, violations) in victims.items()}}

@@ -18,6 +18,9 @@ Request semantics (documented in the README):
   matched exactly and case-insensitively. HAMi's ``nvidia.com/use-gputype`` / ``nvidia.com/nouse-gputype``
   (case-insensitive substrings) and KubeShare's ``sharedgpu/gpu_model`` are accepted as aliases.
 * ``gpushare.io/scheduler-policy`` (alias ``hami.io/gpu-scheduler-policy``) overrides the placement policy.
+* A pod's priority is ``spec.priority`` (set from its PriorityClass); KubeShare's ``sharedgpu/priority`` label is
+  read where the pod has none. A ``sharedgpu/priority`` of 0 marks the pod opportunistic: like a pod with
+  ``spec.preemptionPolicy: Never`` it never preempts another.
 """
 
 from __future__ import annotations
@@ -62,6 +65,11 @@ HAMI_USE_GPUTYPE = "nvidia.com/use-gputype"
 HAMI_NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"
 HAMI_GPU_POLICY = "hami.io/gpu-scheduler-policy"
 KUBESHARE_GPU_MODEL = "sharedgpu/gpu_model"
+KUBESHARE_PRIORITY = "sharedgpu/priority"
+
+# Kubernetes' priorities are 32-bit integers (PriorityClass.value).
+MIN_PRIORITY = -(2**31)
+MAX_PRIORITY = 2**31 - 1
 
 POLICY_NAMES = ("binpack", "spread", "fgd", "fgd-lookahead", "fgd-scarcity")
 
@@ -114,6 +122,12 @@ class PodInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
     containers: tuple[ContainerInfo, ...] = ()
     init_containers: tuple[ContainerInfo, ...] = ()
+    priority: int | None = None
+    """``spec.priority``; ``None`` where no admission plugin set one."""
+    preemption_policy: str = ""
+    """``spec.preemptionPolicy``: ``Never`` means the pod waits instead of preempting."""
+    nominated_node: str | None = None
+    """``status.nominatedNodeName``: where a preemption freed room for this pod, before it is bound."""
 
     @property
     def key(self) -> str:
@@ -178,6 +192,9 @@ class PodRequest:
     container_shares: Mapping[str, int] = field(default_factory=dict)
     cpu_milli: int = 0
     memory_mib: int = 0
+    priority: int = 0
+    preempts: bool = True
+    """Whether the pod may have lower-priority pods evicted to make room (not opportunistic, not ``Never``)."""
 
     @property
     def total(self) -> int:
@@ -289,6 +306,45 @@ def _gpu_count(pod: PodInfo, from_limits: int) -> int:
     return int(text)
 
 
+def _alias_priority(pod: PodInfo) -> int | None:
+    """KubeShare's ``sharedgpu/priority`` label; ``None`` when absent, ``RequestError`` when not a priority."""
+    text = pod.labels.get(KUBESHARE_PRIORITY)
+    if text is None:
+        return None
+    stripped = text.strip()
+    digits = stripped[1:] if stripped[:1] == "-" else stripped
+    # At most 10 digits before int(): a 5,000-digit label is refused without converting it.
+    if not digits.isdigit() or len(digits) > 10 or not MIN_PRIORITY <= int(stripped) <= MAX_PRIORITY:
+        raise RequestError(f"Pod {pod.key} has label {KUBESHARE_PRIORITY}={clip(text)}; use a whole number from "
+                           f"{MIN_PRIORITY} to {MAX_PRIORITY} (0 marks the pod opportunistic).")
+    return int(stripped)
+
+
+def pod_priority(pod: PodInfo) -> int:
+    """The pod's priority: ``spec.priority``, else KubeShare's label, else 0 (Kubernetes' default).
+
+    An admission plugin sets ``spec.priority`` on every pod of a real cluster, so the label decides only where
+    nothing did; a malformed label counts as absent here (``parse_request`` tells the pod's owner).
+    """
+    if pod.priority is not None:
+        return pod.priority
+    try:
+        alias = _alias_priority(pod)
+    except RequestError:
+        alias = None
+    return 0 if alias is None else alias
+
+
+def may_preempt(pod: PodInfo) -> bool:
+    """Whether the pod may evict lower-priority pods: not ``preemptionPolicy: Never`` and not opportunistic."""
+    if pod.preemption_policy == "Never":
+        return False
+    try:
+        return _alias_priority(pod) != 0
+    except RequestError:
+        return True
+
+
 def parse_request(pod: PodInfo) -> PodRequest:
     """What the policies place for this pod; raise ``RequestError`` with a sentence for the user.
 
@@ -307,8 +363,11 @@ def parse_request(pod: PodInfo) -> PodRequest:
         asks_gpu = asks_gpu or units > 0 or count > 0
     asks_gpu = asks_gpu or any(_units(c, r) > 0 for c in pod.init_containers for r in MANAGED_RESOURCES)
     cpu, memory = host_requests(pod)
+    _alias_priority(pod)  # a malformed label is the pod's error, before anything places it
+    priority, preempts = pod_priority(pod), may_preempt(pod)
     if not asks_gpu:
-        return PodRequest(per_gpu=0, gpu_count=0, cpu_milli=cpu, memory_mib=memory)
+        return PodRequest(per_gpu=0, gpu_count=0, cpu_milli=cpu, memory_mib=memory, priority=priority,
+                          preempts=preempts)
     total = sum(shares.values())
     count = _gpu_count(pod, count_in_limits)
     if total <= 0:
@@ -328,7 +387,8 @@ def parse_request(pod: PodInfo) -> PodRequest:
             f"Pod {pod.key} asks for placement policy {clip(policy)}; use one of {', '.join(POLICY_NAMES)}.")
     return PodRequest(per_gpu=total // count, gpu_count=count, exclusive=_exclusive(ann),
                       compute_percent=compute, models=model_rule(ann, pod.labels), policy=policy,
-                      container_shares=shares, cpu_milli=cpu, memory_mib=memory)
+                      container_shares=shares, cpu_milli=cpu, memory_mib=memory, priority=priority,
+                      preempts=preempts)
 
 
 def node_unit(node: NodeInfo, default: MemoryUnit) -> MemoryUnit:

@@ -25,6 +25,7 @@ from gpushare.contract import (
     decode_inventory,
     host_requests,
     node_unit,
+    pod_priority,
     read_assignment,
 )
 from gpushare.quantity import QuantityError, capacity_amount, to_int
@@ -83,6 +84,9 @@ class Placement:
     exclusive: bool = False
     cpu_milli: int = 0
     memory_mib: int = 0
+    priority: int = 0
+    uid: str = ""
+    """The pod's UID where it is known (preemption names its victims by UID); empty for a bind in flight."""
 
 
 @dataclass(slots=True)
@@ -120,7 +124,7 @@ class Node:
     def place(self, pod_key: str, request: PodRequest, gpu_indices: Iterable[int]) -> Placement:
         """Account a pod on the given GPUs; raise ``ValueError`` if that would overcommit any of them."""
         placement = Placement(tuple(gpu_indices), request.per_gpu, request.compute_percent, request.exclusive,
-                              request.cpu_milli, request.memory_mib)
+                              request.cpu_milli, request.memory_mib, request.priority)
         self.add(pod_key, placement, strict=True)
         return placement
 
@@ -288,10 +292,11 @@ def placement_of(pod: PodInfo, assignment: Assignment | None = None) -> Placemen
         cpu, memory = host_requests(pod)
     except RequestError:
         cpu = memory = 0
+    priority = pod_priority(pod)
     if assignment is None:
-        return Placement((), 0, cpu_milli=cpu, memory_mib=memory)
+        return Placement((), 0, cpu_milli=cpu, memory_mib=memory, priority=priority, uid=pod.uid)
     return Placement(assignment.gpu_indices, assignment.per_gpu, assignment.compute_percent,
-                     assignment.exclusive, cpu, memory)
+                     assignment.exclusive, cpu, memory, priority, pod.uid)
 
 
 def account_pod(node: Node, pod: PodInfo) -> None:

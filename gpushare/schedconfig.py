@@ -139,6 +139,10 @@ def _entry(ext: ExtenderOptions, https_key: str, timeout: str | int) -> dict[str
         "prioritizeVerb": "prioritize",
         "weight": ext.weight,
         "bindVerb": "bind",
+        # After a FitError, kube-scheduler's dry run proposes victims per node; the extender answers which of
+        # them free the right GPUs. The dry run finds any only because the GPU resources stay accounted by
+        # kube-scheduler (ignoredByScheduler: false below).
+        "preemptVerb": "preempt",
         https_key: ext.https,
         "httpTimeout": timeout,
         "nodeCacheCapable": True,

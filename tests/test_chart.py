@@ -86,6 +86,9 @@ def test_extender_command_and_probes(rendered: dict[str, Docs]) -> None:
     scheduler = yaml.safe_load(find(rendered["default"], "ConfigMap", "gpushare-scheduler-config")["data"]
                                ["scheduler-config.yaml"])
     assert config.bind_timeout_s + 1 <= int(scheduler["extenders"][0]["httpTimeout"].rstrip("s"))
+    # Preemption reaches the extender, and kube-scheduler's dry run sees GPU memory only while it accounts it.
+    assert scheduler["extenders"][0]["preemptVerb"] == "preempt"
+    assert all(r["ignoredByScheduler"] is False for r in scheduler["extenders"][0]["managedResources"])
     assert extender["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health", "scheme": "HTTP"}
     assert extender["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health", "scheme": "HTTP"}
     service = find(rendered["default"], "Service", "gpushare-extender")

@@ -53,7 +53,7 @@ def test_v1_configuration_extends_the_default_scheduler() -> None:
     assert ext == {
         "urlPrefix": "http://gpushare-extender.kube-system.svc:39999/gpushare-scheduler",
         "filterVerb": "filter", "prioritizeVerb": "prioritize", "weight": 5, "bindVerb": "bind",
-        "enableHTTPS": False, "httpTimeout": "10s", "nodeCacheCapable": True,
+        "preemptVerb": "preempt", "enableHTTPS": False, "httpTimeout": "10s", "nodeCacheCapable": True,
         "managedResources": [{"name": "aliyun.com/gpu-mem", "ignoredByScheduler": False},
                              {"name": "aliyun.com/gpu-count", "ignoredByScheduler": False}],
         "ignorable": False,
@@ -96,6 +96,15 @@ def test_policy_file_before_1_23_uses_its_own_spellings() -> None:
     assert entry["httpTimeout"] == 7_000_000_000
     assert entry["tlsConfig"] == {"insecure": True}
     assert entry["nodeCacheCapable"] is True and entry["bindVerb"] == "bind"
+    assert entry["preemptVerb"] == "preempt"
+
+
+@pytest.mark.parametrize("version", ["1.22", "1.24", "1.30"])
+def test_every_format_asks_for_preemption_and_keeps_gpu_memory_accounted(version: str) -> None:
+    # kube-scheduler's dry run finds victims only for resources it accounts itself.
+    [entry] = schedconfig.scheduler_config(version, ExtenderOptions(), SchedulerOptions())["extenders"]
+    assert entry["preemptVerb"] == "preempt"
+    assert {"name": "aliyun.com/gpu-mem", "ignoredByScheduler": False} in entry["managedResources"]
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -93,7 +93,9 @@ def test_failures_explain_themselves_and_record_an_event(cluster: LocalCluster, 
     assert huge.message.startswith("0/2 nodes are available: ")
     assert "node big has 0 GPU(s) with 40 units or more, the pod needs 1 (its largest GPU has 32)" in huge.message
     assert ("FailedScheduling", huge.message) in events_for(core, "huge")
-    assert greedy.message == "0/2 nodes are available: 2 Insufficient cpu."
+    # kube-scheduler's wording, its preemption's included: no pod of lower priority to evict anywhere.
+    assert greedy.message == ("0/2 nodes are available: 2 Insufficient cpu. preemption: 0/2 nodes are available: 2 "
+                              "No preemption victims found for incoming pod.")
     assert not read_pod(core, "huge")["spec"].get("nodeName")
 
 

@@ -154,4 +154,5 @@ def test_without_an_extender_the_loop_accounts_gpu_memory_itself() -> None:
         with SchedulerLoop(cluster.api_client(), None, seed=1) as loop:
             assert loop.schedule_pod("ten").node == loop.schedule_pod("five").node == "n000"
             refused = loop.schedule_pod("one-more")
-    assert refused.message == "0/1 nodes are available: 1 Insufficient aliyun.com/gpu-mem."
+    assert refused.message == ("0/1 nodes are available: 1 Insufficient aliyun.com/gpu-mem. preemption: 0/1 nodes "
+                               "are available: 1 No preemption victims found for incoming pod.")

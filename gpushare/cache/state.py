@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import filterfalse
 from typing import Any, TypeVar, cast
 
 from gpushare.cache.fitindex import MAX_FIT_SETS, FilterOutcome, FitSet, NodeSummary, fit_check, shape_key, summarise
-from gpushare.contract import MemoryUnit, NodeInfo, PodInfo, PodRequest, read_assignment
+from gpushare.contract import MemoryUnit, NodeInfo, PodInfo, PodRequest, RequestError, parse_request, read_assignment
 from gpushare.model import Node, Placement, build_node, gpu_capacity, placement_of, state_signature
+from gpushare.preemption import Held, VictimSet, find_victims, hold
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,8 @@ class ClusterCache:
         self._fit_sets: dict[tuple[Any, ...], FitSet] = {}
         self._shared_answers: dict[tuple[Hashable, Hashable], Any] = {}
         self._capacity: dict[str, int] | None = None
+        # Pods a preemption nominated to a node and not bound yet, by node: rare, so read outside the fit index.
+        self._nominated: dict[str, dict[str, tuple[str, PodRequest]]] = {}
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -115,8 +118,10 @@ class ClusterCache:
         with entry.lock:
             yield entry.state if entry.info is not None else None
 
-    def filter(self, names: list[str], request: PodRequest) -> FilterOutcome:
+    def filter(self, names: list[str], request: PodRequest, pod_uid: str = "") -> FilterOutcome:
         """Split ``names`` into nodes where the pod fits now, fails now, and could never fit.
+
+        Pods nominated to a node by a preemption, with at least this pod's priority, hold their room there.
 
         ``TypeError`` if a name is not hashable (a malformed request).
         """
@@ -126,7 +131,7 @@ class ClusterCache:
         # kube-scheduler sends the same node names with every pod: while no node has entered or left this
         # shape's set (or changed while outside it), the previous answer is still exact.
         if last is not None and last[0] == version and last[1] == names:
-            return last[2]
+            return self._respect_nominated(last[2], request, pod_uid)
         # C-level passes over the names, with per-node work only for the nodes that fail.
         out = FilterOutcome()
         if fit_set.nodes.issuperset(names):
@@ -136,6 +141,50 @@ class ClusterCache:
             out.passed = list(filter(fits, names))
             self._explain(list(filterfalse(fits, names)), request, out)
         fit_set.last = (version, names, out)
+        return self._respect_nominated(out, request, pod_uid)
+
+    def _respect_nominated(self, out: FilterOutcome, request: PodRequest, pod_uid: str) -> FilterOutcome:
+        """Fail passed nodes where pods nominated there with at least this pod's priority leave it no room.
+
+        A preemption freed that room for its preemptor; handing it to this pod would leave the preemptor
+        pending with its victims already gone. The memoised outcome is never changed, only copied.
+        """
+        if not self._nominated:
+            return out
+        held = {name: found for name in out.passed if (found := self.held_on(name, request, pod_uid))}
+        if not held:
+            return out
+        adjusted = FilterOutcome(list(out.passed), dict(out.failed), dict(out.unresolvable))
+        for name, nominated in held.items():
+            with self.locked(name) as node:
+                if node is None or hold(node, nominated).fits(request):
+                    continue
+            adjusted.passed.remove(name)
+            adjusted.failed[name] = (f"node {name} has room only for pods nominated there by a preemption "
+                                     f"({', '.join(h.key for h in nominated)}), which come first")
+        return adjusted
+
+    def held_on(self, name: str, request: PodRequest, pod_uid: str) -> list[Held]:
+        """The pods nominated to ``name`` with at least ``request``'s priority, other than the pod itself."""
+        with self._registry:
+            nominated = list(self._nominated.get(name, {}).items())
+        return [Held(key, wanted) for key, (uid, wanted) in nominated
+                if uid != pod_uid and wanted.priority >= request.priority]
+
+    def preempt(self, request: PodRequest, pod_uid: str,
+                kube_victims: Mapping[str, tuple[Collection[str], int]]) -> dict[str, VictimSet]:
+        """The victims the pod needs on each candidate node; nodes with no such set (or unknown) are left out.
+
+        ``kube_victims`` maps each candidate node to kube-scheduler's proposed victim UIDs and its
+        PodDisruptionBudget count for them.
+        """
+        out: dict[str, VictimSet] = {}
+        for name, (proposed, violations) in kube_victims.items():
+            held = self.held_on(name, request, pod_uid)
+            with self.locked(name) as node:
+                found = None if node is None else find_victims(node, request, proposed, violations, held)
+            if found is not None:
+                out[name] = found
         return out
 
     def _fit_set(self, request: PodRequest) -> FitSet:
@@ -316,7 +365,10 @@ class ClusterCache:
     def replace_pods(self, pods: Iterable[PodInfo]) -> None:
         """A fresh pod list replaces every confirmed placement; reservations in flight are kept."""
         targets: dict[str, tuple[str, Placement]] = {}
+        with self._registry:
+            self._nominated = {}
         for pod in pods:
+            self._nominate(pod)
             if pod.is_active and pod.node_name:
                 targets[pod.key] = (pod.node_name, placement_of(pod, read_assignment(pod)))
         for node_name, _ in targets.values():
@@ -348,13 +400,35 @@ class ClusterCache:
                     self._pod_nodes = {key: node_name for key, (node_name, _) in chosen.items()}
                     return
 
+    def _nominate(self, pod: PodInfo) -> None:
+        """Remember (or forget) the pod as nominated to a node: pending, active, with a GPU request."""
+        wanted: PodRequest | None = None
+        if pod.nominated_node and not pod.node_name and pod.is_active:
+            try:
+                wanted = parse_request(pod)
+            except RequestError:
+                wanted = None  # its filter tells the user; a pod that cannot be placed holds nothing
+        with self._registry:
+            for name in [n for n, pods in self._nominated.items() if pod.key in pods]:
+                del self._nominated[name][pod.key]
+                if not self._nominated[name]:
+                    del self._nominated[name]
+            if wanted is not None and wanted.gpu_count and pod.nominated_node:
+                self._nominated.setdefault(pod.nominated_node, {})[pod.key] = (pod.uid, wanted)
+
+    def nominated(self) -> int:
+        with self._registry:
+            return sum(len(pods) for pods in self._nominated.values())
+
     def upsert_pod(self, pod: PodInfo) -> None:
+        self._nominate(pod)
         target = None
         if pod.is_active and pod.node_name:
             target = (pod.node_name, placement_of(pod, read_assignment(pod)))
         self._move(pod, target, gone=not pod.is_active)
 
     def delete_pod(self, pod: PodInfo) -> None:
+        self._nominate(replace(pod, nominated_node=None))
         self._move(pod, None, gone=True)
 
     def _move(self, pod: PodInfo, target: tuple[str, Placement] | None, gone: bool) -> None:

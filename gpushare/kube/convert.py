@@ -43,7 +43,15 @@ def pod_info(pod: Any) -> PodInfo:
         labels=_strs(_get(meta, "labels")),
         containers=tuple(_container(c) for c in _get(spec, "containers") or ()),
         init_containers=tuple(_container(c) for c in _get(spec, "init_containers", "initContainers") or ()),
+        priority=_priority(_get(spec, "priority")),
+        preemption_policy=str(_get(spec, "preemption_policy", "preemptionPolicy") or ""),
+        nominated_node=_get(status, "nominated_node_name", "nominatedNodeName") or None,
     )
+
+
+def _priority(value: Any) -> int | None:
+    # The API server stores an int32; a pod sent straight to the extender may carry anything.
+    return value if type(value) is int else None
 
 
 def node_info(node: Any) -> NodeInfo:

@@ -20,15 +20,31 @@ What it reproduces (kube-scheduler v1.35, see ../shared/REFERENCE.md section 1b)
 * **Without an extender** (``extender_url=None``) every pod is placed by the loop's own checks and bound
   directly: the floor that the extender's cost is measured against.
 
+* **Preemption** after a FitError (no node passed its checks or the extender's filter), as kube-scheduler's
+  DefaultPreemption does (REFERENCE.md section 1b): a pod with ``preemptionPolicy: Never`` waits. Otherwise a
+  dry run on every node the extender did not call unresolvable removes all pods of lower priority from the
+  loop's own accounting, checks the pod fits, then gives the pods back from the most important down while it
+  still fits (``SelectVictimsOnNode``); nodes that need no victim are no candidates. The candidates go to
+  ``<url>/preempt`` (``NodeNameToMetaVictims`` by UID when nodeCacheCapable, else ``NodeNameToVictims``),
+  whose answer replaces them; a UID not on its node or an empty victim list fails the preemption. One node is
+  picked by kube-scheduler's criteria (fewest PodDisruptionBudget violations, lowest highest-victim priority,
+  smallest sum of priorities, fewest victims, latest start of the highest-priority victims), its victims are
+  deleted, lower-priority pods nominated there lose their nomination, and the preemptor's
+  ``status.nominatedNodeName`` is set; it is scheduled in a later cycle, once the victims' deletion freed
+  their resources. Pods nominated to a node with at least a pod's priority count there in its checks.
+
 What it leaves out: kube-scheduler's own scoring plugins (only the extender scores nodes), taints,
-affinity, topology spread and preemption. Pods that request no GPU are bound directly by this loop to a
-node that fits their CPU and memory (the least requested one), without the extender, unless
+affinity, topology spread, PodDisruptionBudgets (the local API server serves none, so every count is 0) and
+the wait of a nominated pod for its terminating victims (the local API server deletes at once). Pods that
+request no GPU are bound directly by this loop to a node that fits their CPU and memory (the least requested
+one), without the extender, unless
 ``extender_for_all_pods`` is set: then they go through filter, prioritize and bind as well, as with a
 kube-scheduler extender configuration that lists no ``managedResources``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 import random
@@ -36,7 +52,7 @@ import ssl
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,8 +60,16 @@ from typing import Any
 import httpx
 import orjson
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
-from gpushare.contract import MANAGED_RESOURCES, ContainerInfo, PodInfo, RequestError, host_requests, requests_gpu
+from gpushare.contract import (
+    MANAGED_RESOURCES,
+    ContainerInfo,
+    PodInfo,
+    RequestError,
+    host_requests,
+    requests_gpu,
+)
 from gpushare.kube.api import Kube, KubeError, Obj
 from gpushare.kube.convert import pod_info
 from gpushare.kube.informer import Informer
@@ -66,6 +90,11 @@ MIN_FEASIBLE_NODES_PERCENTAGE_TO_FIND = 5
 # Binds in flight at once. kube-scheduler starts a goroutine per pod without a limit; threads cost more, and
 # a few dozen already exceed what one API server (or extender) answers concurrently.
 MAX_BINDS_IN_FLIGHT = 64
+# kube-scheduler's DefaultPreemption: the dry run stops after max(10% of the nodes, 100) candidates.
+MIN_CANDIDATE_NODES_PERCENTAGE = 10
+MIN_CANDIDATE_NODES_ABSOLUTE = 100
+# Host reasons that no eviction can cure: such nodes are never preemption candidates.
+UNRESOLVABLE = ("node(s) were not ready", "node(s) were unschedulable")
 
 
 def num_feasible_nodes_to_find(all_nodes: int, percentage_of_nodes_to_score: int = 0) -> int:
@@ -121,6 +150,19 @@ class _Requests:
     cpu_milli: int = 0
     memory_mib: int = 0
     extended: Mapping[str, int] = field(default_factory=dict)
+    priority: int = 0
+    uid: str = ""
+    started: str = ""
+    """When the pod started (``status.startTime``, else its creation): preemption spares the older."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """A node where preemption would let the pod fit, and the pods it would evict (most important first)."""
+
+    node: str
+    victims: list[tuple[str, _Requests]]
+    pdb_violations: int = 0
 
 
 @dataclass(slots=True)
@@ -139,7 +181,7 @@ def _extended_units(container: ContainerInfo, resource: str) -> int:
         return 0
 
 
-def _requests(pod: PodInfo) -> _Requests:
+def _requests(pod: PodInfo, started: str = "") -> _Requests:
     """CPU, memory and the extended resources gpushare manages, init containers counted as a maximum."""
     cpu, memory = host_requests(pod)
     extended: dict[str, int] = {}
@@ -148,7 +190,8 @@ def _requests(pod: PodInfo) -> _Requests:
         total = max([total, *(_extended_units(c, resource) for c in pod.init_containers)])
         if total:
             extended[resource] = total
-    return _Requests(cpu, memory, extended)
+    # kube-scheduler reads spec.priority alone (0 when unset); the extender's aliases are its own business.
+    return _Requests(cpu, memory, extended, pod.priority or 0, pod.uid, started)
 
 
 def _host_node(obj: Obj) -> _HostNode:
@@ -171,6 +214,11 @@ def _holds_resources(obj: Obj) -> bool:
     return meta.get("deletionTimestamp") is None and phase not in ("Succeeded", "Failed")
 
 
+def _started(obj: Obj) -> str:
+    return str((obj.get("status") or {}).get("startTime") or (obj.get("metadata") or {}).get("creationTimestamp")
+               or "")
+
+
 def _pod_key(obj: Obj) -> str:
     meta = obj.get("metadata") or {}
     return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
@@ -188,6 +236,7 @@ class SchedulerLoop:
                  node_cache_capable: bool = True, seed: int | None = None, extender_for_all_pods: bool = False,
                  percentage_of_nodes_to_score: int = 0, tls: ssl.SSLContext | None = None) -> None:
         self._kube = Kube.from_api_client(api_client)
+        self._core = client.CoreV1Api(api_client)
         self._url = extender_url.rstrip("/") if extender_url is not None else None
         self.weight = weight
         self.node_cache_capable = node_cache_capable
@@ -205,6 +254,7 @@ class SchedulerLoop:
         self._bound: dict[str, tuple[str, _Requests]] = {}
         self._usage: dict[str, _Usage] = {}
         self._pending: dict[str, Obj] = {}
+        self._nominated: dict[str, tuple[str, _Requests]] = {}
         self._binding: set[str] = set()
         self._backoff: dict[str, float] = {}
         self._queue: list[tuple[float, str]] = []
@@ -292,13 +342,14 @@ class SchedulerLoop:
         """One scheduling cycle: the node for the pod, assumed there at once; or ``None`` and why not."""
         pod = pod_info(obj)
         try:
-            requests = _requests(pod)
+            requests = _requests(pod, _started(obj))
             wants_gpu = requests_gpu(pod)
         except RequestError as exc:
             return None, str(exc), None
-        feasible, reasons, total = self._host_feasible(requests)
+        key = _pod_key(obj)
+        feasible, reasons, total = self._host_feasible(key, requests)
         if not feasible:
-            return None, _unavailable(total, reasons), None
+            return None, self._preempt(obj, pod, requests, wants_gpu, set(), _unavailable(total, reasons)), None
         if self._url is None or (not wants_gpu and not self.extender_for_all_pods):
             with self._lock:
                 best = min(feasible, key=lambda n: (self._usage.get(n.name, _Usage()).cpu_milli / max(n.cpu_milli, 1),
@@ -306,12 +357,12 @@ class SchedulerLoop:
             self._assume(_pod_key(obj), best.name, requests)
             return best.name, "", requests
         asked = time.perf_counter()
-        names, failed, error = self._filter(obj, feasible)
+        names, failed, unresolvable, error = self._filter(obj, feasible)
         if error:
-            return None, error, None
+            return None, error, None  # an error, not a FitError: kube-scheduler does not preempt
         reasons.update(failed)
         if not names:
-            return None, _unavailable(total, reasons), None
+            return None, self._preempt(obj, pod, requests, wants_gpu, unresolvable, _unavailable(total, reasons)), None
         scores = self._prioritize(obj, feasible, names) if len(names) > 1 else {}
         self.stats.extender_ms.append(1000 * (time.perf_counter() - asked))
         top = max(scores.get(n, 0) for n in names)
@@ -319,7 +370,7 @@ class SchedulerLoop:
         self._assume(_pod_key(obj), best_name, requests)
         return best_name, "", requests
 
-    def _host_feasible(self, requests: _Requests) -> tuple[list[_HostNode], Counter[str], int]:
+    def _host_feasible(self, key: str, requests: _Requests) -> tuple[list[_HostNode], Counter[str], int]:
         """kube-scheduler's own checks, stopping at ``numFeasibleNodesToFind`` nodes; also the node count."""
         feasible: list[_HostNode] = []
         reasons: Counter[str] = Counter()
@@ -333,7 +384,7 @@ class SchedulerLoop:
                     break
                 node = self._nodes[order[(self._next_start + i) % total]]
                 processed += 1
-                reason = self._misfit(node, requests)
+                reason = self._misfit(node, requests, self._used_with_nominated(node.name, key, requests.priority))
                 if reason is None:
                     feasible.append(node)
                 else:
@@ -342,8 +393,23 @@ class SchedulerLoop:
                 self._next_start = (self._next_start + processed) % total
         return feasible, reasons, total
 
-    def _misfit(self, node: _HostNode, requests: _Requests) -> str | None:
-        used = self._usage.get(node.name) or _Usage()
+    def _used_with_nominated(self, node: str, key: str, priority: int) -> _Usage:
+        """The node's usage plus the pods nominated to it with at least ``priority`` (kube-scheduler counts
+        them as there: the room a preemption freed is theirs); call with the lock held."""
+        used = self._usage.get(node) or _Usage()
+        held = [r for k, (n, r) in self._nominated.items() if n == node and k != key and r.priority >= priority]
+        if not held:
+            return used
+        total = _Usage(used.cpu_milli, used.memory_mib, used.pods, Counter(used.extended))
+        for r in held:
+            total.cpu_milli += r.cpu_milli
+            total.memory_mib += r.memory_mib
+            total.pods += 1
+            total.extended.update(r.extended)
+        return total
+
+    @staticmethod
+    def _misfit(node: _HostNode, requests: _Requests, used: _Usage) -> str | None:
         if not node.ready:
             return "node(s) were not ready"
         if node.unschedulable:
@@ -358,6 +424,121 @@ class SchedulerLoop:
             if used.extended[resource] + amount > node.extended.get(resource, 0):
                 return f"Insufficient {resource}"
         return None
+
+    # -- preemption: kube-scheduler's DefaultPreemption PostFilter -------------------------------------------
+
+    def _preempt(self, obj: Obj, pod: PodInfo, requests: _Requests, wants_gpu: bool, unresolvable: set[str],
+                 message: str) -> str:
+        """After a FitError: evict lower-priority pods somewhere and nominate the pod there; the failure message,
+        with kube-scheduler's preemption sentence when nothing could be preempted."""
+        if pod.preemption_policy == "Never":
+            return f"{message} preemption: not eligible due to preemptionPolicy=Never."
+        candidates = self._dry_run(_pod_key(obj), requests, unresolvable)
+        if candidates and self._url is not None and (wants_gpu or self.extender_for_all_pods):
+            candidates, error = self._extender_preempt(obj, candidates)
+            if error:
+                return f"{message} preemption: {error}"
+        if not candidates:
+            with self._lock:
+                helpless = Counter("Preemption is not helpful for scheduling" if (
+                    name in unresolvable or not node.ready or node.unschedulable)
+                    else "No preemption victims found for incoming pod" for name, node in self._nodes.items())
+            return f"{message} preemption: {_unavailable(len(self._nodes), helpless)}"
+        error = self._prepare(obj, _pick_one(candidates), requests.priority)
+        return f"{message} preemption: {error}" if error else message
+
+    def _dry_run(self, key: str, requests: _Requests, unresolvable: set[str]) -> list[_Candidate]:
+        """``SelectVictimsOnNode`` on each node that eviction could help, up to kube-scheduler's candidate count."""
+        with self._lock:
+            order = self._node_order
+            wanted = min(max(len(order) * MIN_CANDIDATE_NODES_PERCENTAGE // 100, MIN_CANDIDATE_NODES_ABSOLUTE),
+                         len(order))
+            candidates: list[_Candidate] = []
+            for name in order:
+                node = self._nodes[name]
+                if len(candidates) >= wanted:
+                    break
+                if name in unresolvable or not node.ready or node.unschedulable:
+                    continue
+                lower = sorted(((k, r) for k, (n, r) in self._bound.items()
+                                if n == name and r.priority < requests.priority), key=_importance)
+                used = self._used_with_nominated(name, key, requests.priority)
+                for _, r in lower:
+                    used = _shifted(used, r, -1)
+                if self._misfit(node, requests, used) is not None:
+                    continue  # even without every lower-priority pod the pod does not fit
+                victims: list[tuple[str, _Requests]] = []
+                for k, r in lower:  # reprieve the most important first, as long as the pod still fits
+                    kept = _shifted(used, r, 1)
+                    if self._misfit(node, requests, kept) is None:
+                        used = kept
+                    else:
+                        victims.append((k, r))
+                if victims:  # a node that needs no victim is no candidate (kube-scheduler: "expected at least one")
+                    candidates.append(_Candidate(name, victims))
+        return candidates
+
+    def _extender_preempt(self, obj: Obj, candidates: list[_Candidate]) -> tuple[list[_Candidate], str]:
+        """The extender's preempt verb: its victims replace the dry run's; nodes it leaves out are vetoed."""
+        if self.node_cache_capable:
+            payload: dict[str, Any] = {"Pod": obj, "NodeNameToVictims": None, "NodeNameToMetaVictims": {
+                c.node: {"Pods": [{"UID": r.uid} for _, r in c.victims], "NumPDBViolations": c.pdb_violations}
+                for c in candidates}}
+        else:
+            payload = {"Pod": obj, "NodeNameToMetaVictims": None, "NodeNameToVictims": {
+                c.node: {"Pods": [self._kube.pods.read(*reversed(k.split("/", 1))) for k, _ in c.victims],
+                         "NumPDBViolations": c.pdb_violations} for c in candidates}}
+        answer, error = self._call("preempt", payload)
+        if error:
+            return [], error
+        if not isinstance(answer, dict) or not isinstance(answer.get("NodeNameToMetaVictims") or {}, dict):
+            return [], "the extender's preempt answer is not an ExtenderPreemptionResult"
+        result: list[_Candidate] = []
+        with self._lock:
+            for node, meta in (answer.get("NodeNameToMetaVictims") or {}).items():
+                pods = (meta or {}).get("Pods") or []
+                if not pods:
+                    return [], f"expected at least one victim pod on node {node}"
+                on_node = {r.uid: (k, r) for k, (n, r) in self._bound.items() if n == node}
+                victims = []
+                for victim in pods:
+                    uid = (victim or {}).get("UID")
+                    if uid not in on_node:
+                        return [], (f"extender claims to preempt pod (UID: {uid}) on node: {node}, but the pod is "
+                                    "not found on that node")
+                    victims.append(on_node[uid])
+                result.append(_Candidate(str(node), victims, int((meta or {}).get("NumPDBViolations") or 0)))
+        return result, ""
+
+    def _prepare(self, obj: Obj, chosen: _Candidate, priority: int) -> str:
+        """Evict the victims, take lower-priority nominations off the node, and nominate the pod; an error or ''."""
+        meta = obj["metadata"]
+        namespace, uid = meta.get("namespace") or "default", str(meta.get("uid") or "")
+        for key, r in chosen.victims:
+            victim_namespace, name = key.split("/", 1)
+            try:
+                self._core.delete_namespaced_pod(name, victim_namespace, body=client.V1DeleteOptions(
+                    preconditions=client.V1Preconditions(uid=r.uid)))
+            except ApiException as exc:
+                if exc.status != 404:
+                    return f"deleting victim {key} failed: HTTP {exc.status}"
+            self._event({"metadata": {"name": name, "namespace": victim_namespace, "uid": r.uid}}, "Preempted",
+                        f"Preempted by pod {uid} on node {chosen.node}", "Normal")
+        with self._lock:
+            displaced = [k for k, (n, r) in self._nominated.items() if n == chosen.node and r.priority < priority]
+        for key in displaced:
+            self._nominate(key, None)
+        return self._nominate(f"{namespace}/{meta['name']}", chosen.node)
+
+    def _nominate(self, key: str, node: str | None) -> str:
+        """Set (or clear) the pod's ``status.nominatedNodeName``; an error sentence or ''."""
+        namespace, name = key.split("/", 1)
+        try:
+            self._core.patch_namespaced_pod_status(name, namespace, {"status": {"nominatedNodeName": node}})
+        except ApiException as exc:
+            if exc.status != 404:
+                return f"setting the nominated node of {key} failed: HTTP {exc.status}"
+        return ""
 
     def _call(self, verb: str, payload: Any) -> tuple[Any, str]:
         """POST a verb; the decoded answer, or an error sentence as kube-scheduler would report it."""
@@ -377,14 +558,15 @@ class SchedulerLoop:
             return {"Pod": obj, "Nodes": None, "NodeNames": [n.name for n in nodes]}
         return {"Pod": obj, "Nodes": {"metadata": {}, "items": [n.raw for n in nodes]}, "NodeNames": None}
 
-    def _filter(self, obj: Obj, nodes: list[_HostNode]) -> tuple[list[str], dict[str, int], str]:
+    def _filter(self, obj: Obj, nodes: list[_HostNode]) -> tuple[list[str], dict[str, int], set[str], str]:
+        """The nodes that passed, the failure messages counted, the nodes failed as unresolvable, or an error."""
         answer, error = self._call("filter", self._args(obj, nodes))
         if error:
-            return [], {}, error
+            return [], {}, set(), error
         if not isinstance(answer, dict):
-            return [], {}, "the extender's filter answer is not an ExtenderFilterResult"
+            return [], {}, set(), "the extender's filter answer is not an ExtenderFilterResult"
         if answer.get("Error"):
-            return [], {}, str(answer["Error"])
+            return [], {}, set(), str(answer["Error"])
         sent = {n.name for n in nodes}
         if self.node_cache_capable:
             names = answer.get("NodeNames") or []
@@ -394,7 +576,8 @@ class SchedulerLoop:
         for group in ("FailedNodes", "FailedAndUnresolvableNodes"):
             for message in (answer.get(group) or {}).values():
                 failed[str(message)] += 1
-        return [n for n in names if n in sent], dict(failed), ""
+        unresolvable = set(answer.get("FailedAndUnresolvableNodes") or {})
+        return [n for n in names if n in sent], dict(failed), unresolvable, ""
 
     def _prioritize(self, obj: Obj, nodes: list[_HostNode], names: list[str]) -> dict[str, int]:
         keep = set(names)
@@ -509,6 +692,7 @@ class SchedulerLoop:
             for key in [k for k in self._bound if k not in self._binding]:
                 self._account(key, None)
             self._pending.clear()
+            self._nominated.clear()
             for obj in items:
                 self._track(obj)
         self._wake.set()
@@ -517,6 +701,7 @@ class SchedulerLoop:
         with self._lock:
             if kind == "DELETED":
                 key = _pod_key(obj)
+                self._nominated.pop(key, None)
                 self._account(key, None)
                 self._pending.pop(key, None)
                 self._backoff.pop(key, None)
@@ -528,12 +713,18 @@ class SchedulerLoop:
     def _track(self, obj: Obj) -> None:
         key = _pod_key(obj)
         node = (obj.get("spec") or {}).get("nodeName")
+        nominated = (obj.get("status") or {}).get("nominatedNodeName")
+        self._nominated.pop(key, None)
+        if nominated and not node and _holds_resources(obj):
+            # A pod whose request cannot be read never fits anywhere, so it holds no room either.
+            with contextlib.suppress(RequestError):
+                self._nominated[key] = (str(nominated), _requests(pod_info(obj), _started(obj)))
         if not _holds_resources(obj):
             self._account(key, None)
             self._pending.pop(key, None)
         elif node:
             try:
-                requests = _requests(pod_info(obj))
+                requests = _requests(pod_info(obj), _started(obj))
             except RequestError:
                 requests = _Requests()
             self._account(key, (node, requests))
@@ -607,6 +798,45 @@ class SchedulerLoop:
             backoff = min(self._backoff.get(key, INITIAL_BACKOFF_S / 2) * 2, MAX_BACKOFF_S)
             self._backoff[key] = backoff
             heapq.heappush(self._queue, (time.monotonic() + backoff, key))
+
+
+def _importance(item: tuple[str, _Requests]) -> tuple[int, str]:
+    """kube-scheduler's MoreImportantPod order: higher priority first, then the one that started earlier."""
+    return -item[1].priority, item[1].started
+
+
+def _shifted(used: _Usage, requests: _Requests, sign: int) -> _Usage:
+    """``used`` with one pod's requests added (``sign`` 1) or taken away (-1), as a new value."""
+    extended = Counter(used.extended)
+    for resource, amount in requests.extended.items():
+        extended[resource] += sign * amount
+    return _Usage(used.cpu_milli + sign * requests.cpu_milli, used.memory_mib + sign * requests.memory_mib,
+                  used.pods + sign, extended)
+
+
+def _pick_one(candidates: list[_Candidate]) -> _Candidate:
+    """kube-scheduler's pickOneNodeForPreemption: each criterion narrows the field until one node is left.
+
+    Like kube-scheduler it takes a node's first victim as its highest-priority one, as the victims are listed.
+    """
+    def earliest_top_start(c: _Candidate) -> str:
+        top = c.victims[0][1].priority
+        return min(r.started for _, r in c.victims if r.priority == top)
+
+    criteria: list[Callable[[_Candidate], Any]] = [
+        lambda c: -c.pdb_violations,
+        lambda c: -c.victims[0][1].priority,
+        lambda c: -sum(r.priority + 2**31 for _, r in c.victims),
+        lambda c: -len(c.victims),
+        earliest_top_start,  # the latest of these wins: the victims that have run the shortest
+    ]
+    field = candidates
+    for score in criteria:
+        best = max(score(c) for c in field)
+        field = [c for c in field if score(c) == best]
+        if len(field) == 1:
+            break
+    return field[0]
 
 
 def _queue_order(obj: Obj) -> tuple[int, str, str]:

@@ -115,7 +115,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $version := include "gpushare.schedulerVersion" . -}}
 {{- $url := include "gpushare.extenderURL" . -}}
 {{- $https := hasPrefix "https://" $url -}}
-{{- $extender := dict "urlPrefix" $url "filterVerb" "filter" "prioritizeVerb" "prioritize" "weight" (int .Values.schedulerConfig.weight) "bindVerb" "bind" "enableHTTPS" $https "httpTimeout" (printf "%ds" (int .Values.schedulerConfig.httpTimeoutSeconds)) "nodeCacheCapable" true "managedResources" (include "gpushare.managedResources" . | fromJsonArray) "ignorable" false -}}
+{{- $extender := dict "urlPrefix" $url "filterVerb" "filter" "prioritizeVerb" "prioritize" "weight" (int .Values.schedulerConfig.weight) "bindVerb" "bind" "preemptVerb" "preempt" "enableHTTPS" $https "httpTimeout" (printf "%ds" (int .Values.schedulerConfig.httpTimeoutSeconds)) "nodeCacheCapable" true "managedResources" (include "gpushare.managedResources" . | fromJsonArray) "ignorable" false -}}
 {{- if $https -}}
 {{- $_ := set $extender "tlsConfig" (include "gpushare.extenderTLSConfig" . | fromJson) -}}
 {{- end -}}
@@ -136,7 +136,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "gpushare.schedulerPolicy" -}}
 {{- $url := include "gpushare.extenderURL" . -}}
 {{- $https := hasPrefix "https://" $url -}}
-{{- $extender := dict "urlPrefix" $url "filterVerb" "filter" "prioritizeVerb" "prioritize" "weight" (int .Values.schedulerConfig.weight) "bindVerb" "bind" "enableHttps" $https "httpTimeout" (mul (int .Values.schedulerConfig.httpTimeoutSeconds) 1000000000) "nodeCacheCapable" true "managedResources" (include "gpushare.managedResources" . | fromJsonArray) "ignorable" false -}}
+{{- $extender := dict "urlPrefix" $url "filterVerb" "filter" "prioritizeVerb" "prioritize" "weight" (int .Values.schedulerConfig.weight) "bindVerb" "bind" "preemptVerb" "preempt" "enableHttps" $https "httpTimeout" (mul (int .Values.schedulerConfig.httpTimeoutSeconds) 1000000000) "nodeCacheCapable" true "managedResources" (include "gpushare.managedResources" . | fromJsonArray) "ignorable" false -}}
 {{- if $https -}}
 {{- $_ := set $extender "tlsConfig" (include "gpushare.extenderTLSConfig" . | fromJson) -}}
 {{- end -}}

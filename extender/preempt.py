@@ -1,0 +1,37 @@
+"""preempt: which of kube-scheduler's proposed victims free the right GPUs, node by node.
+
+kube-scheduler calls this after a pod fit nowhere, with the victims its own dry run found on each candidate
+node. Its dry run counts GPU memory per node, so its victims may free memory on GPUs the pod cannot use; the
+answer replaces them with the victims the cache's per-GPU view needs (``gpushare.preemption``), and leaves out
+the nodes where no eviction of lower-priority pods would make room. Victims are listed highest priority first,
+as kube-scheduler's choice of node reads them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extender.placement import RequestCache
+from extender.wire import PreemptionArgs, preemption_result
+from gpushare.cache.state import ClusterCache
+
+
+class Preempt:
+    def __init__(self, cache: ClusterCache, requests: RequestCache) -> None:
+        self.cache = cache
+        self.requests = requests
+
+    def __call__(self, args: PreemptionArgs) -> dict[str, Any]:
+        try:
+            request = self.requests.request(args.pod)
+        except ValueError:  # filter has already told the pod's owner; a pod that cannot be placed evicts nobody
+            return preemption_result({})
+        if not request.preempts:
+            return preemption_result({})
+        if not request.gpu_count:
+            # kube-scheduler's dry run already judged everything a pod without GPUs needs: its victims stand.
+            return preemption_result({node: (uids, violations)
+                                      for node, (uids, violations) in args.victims.items() if uids})
+        found = self.cache.preempt(request, args.pod.uid, args.victims)
+        return preemption_result({node: ([v.uid for v in chosen.victims], chosen.pdb_violations)
+                                  for node, chosen in found.items()})
