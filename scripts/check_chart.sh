@@ -85,8 +85,11 @@ fi
 
 rm -rf "$OUT"
 mkdir -p "$OUT"
-echo "== helm lint + render ($CHART, $(ls "$CHART"/ci/*.yaml | wc -l) values files)"
-"$HELM_VENV/bin/python" scripts/render_chart.py "$CHART" "$OUT" "$CHART"/ci/*.yaml
+echo "== helm lint + render ($CHART, $(ls "$CHART"/ci/*.yaml | wc -l) values files, with the Prometheus Operator's API)"
+# A cluster with the Prometheus Operator, so the monitoring scenario renders its ServiceMonitor and PodMonitor
+# (tests/test_chart.py renders it once more without, where they must be absent).
+"$HELM_VENV/bin/python" scripts/render_chart.py --api-versions monitoring.coreos.com/v1 "$CHART" "$OUT" \
+  "$CHART"/ci/*.yaml
 echo "== helm-sdkpy $SDKPY_VERSION lint --strict ($CHART, defaults + the same values files)"
 "$SDKPY_VENV/bin/python" scripts/lint_chart_sdkpy.py "$CHART" "$CHART"/ci/*.yaml
 echo "== kubernetes-validate --strict -k $KUBE_VERSION"

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Refresh constraints.txt, the exact versions every install uses (scripts/test.sh, scripts/demo.sh, the Dockerfile):
+# Refresh constraints.txt, the exact versions every install uses (scripts/test.sh, scripts/demo.sh, and the Dockerfile
+# through requirements-image.txt and requirements-build.txt, which this script writes from it with their hashes):
 # resolve pyproject.toml's ranges afresh in a throwaway venv, without the old pins, and freeze the result.
 #
-#   bash scripts/lock.sh          then run bash scripts/test.sh and commit constraints.txt if it passes
+#   bash scripts/lock.sh          then run bash scripts/test.sh and commit constraints.txt, requirements-image.txt
+#                                 and requirements-build.txt if it passes
 #
 # The dev extra holds the build requirements (hatchling, grpcio-tools) and the demo extra, so one freeze covers
 # runtime, tools and the package build. Set PYTHON to resolve for another interpreter (default python3).
@@ -24,4 +26,7 @@ trap 'rm -rf "$scratch"' EXIT
   "$scratch/venv/bin/python" -m pip freeze --all --exclude-editable
 } > constraints.txt.new
 mv constraints.txt.new constraints.txt
-echo "constraints.txt: $(grep -c '==' constraints.txt) pinned packages; run bash scripts/test.sh before committing it"
+echo "constraints.txt: $(grep -c '==' constraints.txt) pinned packages"
+# The Dockerfile's hash-checked inputs, from the same venv: its metadata gives the runtime and build dependency graphs.
+"$scratch/venv/bin/python" scripts/image_requirements.py
+echo "run bash scripts/test.sh before committing constraints.txt, requirements-image.txt and requirements-build.txt"

@@ -25,15 +25,21 @@ Docs = list[dict[str, Any]]
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Docs]:
-    """Every ci/ values file's manifests, by scenario name."""
+def chart_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What scripts/check_chart.sh wrote: a folder per ci/ values file, rendered with the Prometheus Operator's API."""
     out = tmp_path_factory.mktemp("chart")
     result = subprocess.run([str(ROOT / "scripts" / "check_chart.sh"), str(out)], capture_output=True, text=True,
                             timeout=600, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "chart OK" in result.stdout
+    return out
+
+
+@pytest.fixture(scope="module")
+def rendered(chart_out: Path) -> dict[str, Docs]:
+    """Every ci/ values file's manifests, by scenario name."""
     return {d.name: [doc for f in sorted(d.glob("*.yaml")) for doc in yaml.safe_load_all(f.read_text()) if doc]
-            for d in out.iterdir()}
+            for d in chart_out.iterdir()}
 
 
 def find(docs: Docs, kind: str, name: str | None = None) -> dict[str, Any]:
@@ -216,6 +222,33 @@ def test_ha_tls_and_monitoring(rendered: dict[str, Docs]) -> None:
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["endpoints"][0]["port"] == "health" and "tlsConfig" not in monitor["spec"]["endpoints"][0]
     assert find(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+def test_monitoring_objects_only_where_the_prometheus_operator_api_exists(chart_out: Path, tmp_path: Path) -> None:
+    """Without monitoring.coreos.com/v1 the API server would refuse the whole install for an unknown kind: the
+    chart leaves the ServiceMonitor and PodMonitor out and NOTES.txt says so. check_chart.sh renders with the API."""
+    warning = "WARNING: monitoring.serviceMonitor.enabled=true, but this cluster has no monitoring.coreos.com/v1 API"
+    assert warning not in (chart_out / "ha-tls-monitoring" / "NOTES.txt").read_text()
+    result = subprocess.run([str(HELM_PYTHON), str(ROOT / "scripts" / "render_chart.py"), str(CHART), str(tmp_path),
+                             str(CHART / "ci" / "ha-tls-monitoring-values.yaml")], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "ha-tls-monitoring"
+    docs = [doc for f in sorted(out.glob("*.yaml")) for doc in yaml.safe_load_all(f.read_text()) if doc]
+    assert "Deployment" in kinds(docs)
+    assert not {"ServiceMonitor", "PodMonitor"} & kinds(docs)
+    assert warning in (out / "NOTES.txt").read_text()
+
+
+@pytest.mark.parametrize("scenario", ["default", "self-managed"])
+def test_notes_tell_how_to_check_the_extender_on_its_health_port(chart_out: Path, scenario: str) -> None:
+    notes = (chart_out / scenario / "NOTES.txt").read_text()
+    assert "health port, 39998 (extender.healthPort)" in notes
+    assert "serves only /healthz, /readyz and /metrics" in notes
+    assert "curl -s http://127.0.0.1:39998/readyz" in notes
+    # The Service for a cluster-network extender; the node itself for the host-network one of path B.
+    port_forward = "kubectl -n kube-system port-forward service/gpushare-extender 39998:39998"
+    assert (port_forward in notes) == (scenario == "default")
 
 
 def test_kubeadm_control_plane_reaches_its_extender_on_the_host_network(rendered: dict[str, Docs]) -> None:

@@ -1,10 +1,12 @@
-"""The Dockerfile, checked without Docker: stages, pinned base, non-root user, and that what its builder stage
-copies is enough to build the wheel that provides every entry point the image and the chart use."""
+"""The Dockerfile, checked without Docker: stages, a base pinned by digest, hash-checked installs, no pip in the
+final image, OCI labels, non-root user, and that what its builder stage copies is enough to build the wheel that
+provides every entry point the image and the chart use."""
 
 from __future__ import annotations
 
 import fnmatch
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -18,7 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 IGNORED = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
            if line.strip() and not line.startswith("#")]
-SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+SCRIPTS = PROJECT["scripts"]
+BASE = "${PYTHON_IMAGE}${PYTHON_DIGEST:+@}${PYTHON_DIGEST}"
 ENTRY_POINTS = {"gpushare-extender", "gpushare-device-plugin", "kubectl-inspect-gpushare", "gpushare"}
 
 
@@ -44,9 +48,28 @@ def stages() -> list[list[tuple[str, str]]]:
     return result
 
 
+def global_args() -> dict[str, str]:
+    """The ARGs declared before the first FROM, with their defaults."""
+    args = {}
+    for word, rest in instructions():
+        if word == "FROM":
+            return args
+        if word == "ARG":
+            name, _, default = rest.partition("=")
+            args[name] = default
+    return args
+
+
+def expand(text: str, args: dict[str, str]) -> str:
+    """Docker's ${NAME} and ${NAME:+word} substitution, the two forms the FROM lines use."""
+    def one(match: re.Match[str]) -> str:
+        value = args.get(match["name"], "")
+        return (match["word"] if value else "") if match["plus"] else value
+    return re.sub(r"\$\{(?P<name>\w+)(?P<plus>:\+(?P<word>[^}]*))?\}", one, text)
+
+
 def base_image() -> str:
-    args = dict(rest.split("=", 1) for word, rest in instructions() if word == "ARG" and "=" in rest)
-    return args["PYTHON_IMAGE"]
+    return global_args()["PYTHON_IMAGE"]
 
 
 def copies() -> list[list[str]]:
@@ -61,10 +84,16 @@ def test_multi_stage_build() -> None:
     assert any("--from=builder" in rest for word, rest in stages()[-1] if word == "COPY")
 
 
-def test_base_image_is_a_pinned_slim_python() -> None:
+def test_base_image_is_a_slim_python_pinned_by_the_digest_argument() -> None:
     image = base_image()
-    assert re.fullmatch(r"python:3\.1[1-9](\.\d+)?-slim-(bookworm|trixie)(@sha256:[0-9a-f]{64})?", image), image
-    assert all(rest.split()[0] == "${PYTHON_IMAGE}" for word, rest in instructions() if word == "FROM")
+    assert re.fullmatch(r"python:3\.11(\.\d+)?-slim-(bookworm|trixie)", image), image
+    assert global_args()["PYTHON_DIGEST"] == "", "the digest is a build argument, documented in docs/install.md"
+    assert all(rest.split()[0] == BASE for word, rest in instructions() if word == "FROM")
+    digest = "sha256:" + "ab" * 32
+    assert expand(BASE, {"PYTHON_IMAGE": image, "PYTHON_DIGEST": digest}) == f"{image}@{digest}"
+    # Without the argument the tag alone, not a dangling "@" that no registry resolves.
+    assert expand(BASE, {"PYTHON_IMAGE": image, "PYTHON_DIGEST": ""}) == image
+    assert "docker buildx imagetools inspect python:3.11-slim-bookworm" in (ROOT / "docs" / "install.md").read_text()
 
 
 def test_final_stage_runs_as_non_root() -> None:
@@ -128,10 +157,56 @@ def test_builder_stage_files_build_every_entry_point(tmp_path: Path) -> None:
         assert re.search(rf"^{re.escape(script)} = ", entry_points, re.MULTILINE), script
 
 
-def test_builder_installs_the_locked_versions() -> None:
-    """The image gets what the tests passed with: constraints.txt for the dependencies and the package build."""
-    assert any("constraints.txt" in sources for sources in copies())
-    runs = " ".join(rest for word, rest in stages()[0] if word == "RUN")
-    installs = re.findall(r"pip install ([^&]*)", runs)
-    assert installs and all("-c constraints.txt" in args for args in installs), installs
-    assert "--build-constraint constraints.txt ." in installs[-1]
+def pip_commands(stage: list[tuple[str, str]]) -> list[str]:
+    """Every pip command the stage's RUNs chain, from the pip executable to the next &&."""
+    runs = " && ".join(rest for word, rest in stage if word == "RUN")
+    return [command.strip() for command in runs.split("&&") if re.search(r"\bpip\b", command)]
+
+
+def test_builder_installs_only_hash_checked_wheels() -> None:
+    """Every file pip installs has a sha256 from requirements-image.txt or requirements-build.txt (both generated
+    from constraints.txt; tests/test_lock.py checks they match it), except the gpushare wheel built in place."""
+    assert ["requirements-build.txt", "requirements-image.txt"] in copies()
+    installs = [c for c in pip_commands(stages()[0]) if " install " in f" {c} "]
+    hashed = [c for c in installs if "--require-hashes" in c]
+    assert {c.split(" -r ")[-1] for c in hashed} == {"requirements-build.txt", "requirements-image.txt"}
+    assert all("--no-deps" in c and "--only-binary=:all:" in c for c in hashed), hashed
+    [local] = [c for c in installs if c not in hashed]
+    assert local.endswith("--no-deps /tmp/dist/gpushare-*.whl"), local
+    [build] = [c for c in pip_commands(stages()[0]) if " wheel " in c]
+    # Built by the hash-checked build tools in /opt/build, not by an isolated environment pip fills unchecked.
+    assert build.startswith("/opt/build/bin/pip wheel") and "--no-build-isolation" in build, build
+
+
+def test_final_stage_holds_the_runtime_without_pip() -> None:
+    builder_runs = " ".join(rest for word, rest in stages()[0] if word == "RUN")
+    assert "python -m venv --without-pip /opt/gpushare" in builder_runs
+    # Packages reach the runtime venv only through the build venv's pip, pointed at it with --python.
+    assert all("/opt/gpushare" not in c or "--python /opt/gpushare/bin/python" in c
+               for c in pip_commands(stages()[0]) if " install " in c)
+    final = stages()[-1]
+    assert [rest for word, rest in final if word == "COPY"] == ["--from=builder /opt/gpushare /opt/gpushare"]
+    assert pip_commands(final) == ["python -m pip uninstall -q -y pip setuptools wheel"], \
+        "the final stage may only remove the base image's pip, setuptools and wheel"
+
+
+def labels() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for word, rest in stages()[-1]:
+        if word == "LABEL":
+            found.update(pair.split("=", 1) for pair in shlex.split(rest))
+    return found
+
+
+def test_final_stage_carries_the_oci_labels() -> None:
+    final_args = {rest.partition("=")[0]: rest.partition("=")[2] for word, rest in stages()[-1] if word == "ARG"}
+    found = labels()
+    assert found["org.opencontainers.image.title"] == PROJECT["name"]
+    assert found["org.opencontainers.image.licenses"] == PROJECT["license"]
+    assert found["org.opencontainers.image.description"]
+    assert found["org.opencontainers.image.source"] == "${SOURCE}" and final_args["SOURCE"].startswith("https://")
+    assert found["org.opencontainers.image.version"] == "${VERSION}" and final_args["VERSION"] == PROJECT["version"]
+    # What differs per build comes from build arguments, declared in the stage that uses them.
+    assert found["org.opencontainers.image.revision"] == "${REVISION}" and "REVISION" in final_args
+    assert found["org.opencontainers.image.created"] == "${CREATED}" and "CREATED" in final_args
+    assert found["org.opencontainers.image.base.digest"] == "${PYTHON_DIGEST}" and "PYTHON_DIGEST" in final_args
