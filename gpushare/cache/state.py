@@ -32,10 +32,12 @@ log = logging.getLogger(__name__)
 # Distinct request shapes whose failure messages a node remembers until its state changes.
 MAX_REMEMBERED_REASONS = 64
 
-# Distinct keys (policy, request shape, learned-workload version) whose answers a node remembers until it changes.
-MAX_REMEMBERED_ANSWERS = 64
+# Distinct keys (policy, request shape, learned-workload version) whose answers a node remembers until it changes:
+# a fast path only, since the shared table below answers for every node in the same state. At 15,000 nodes each
+# remembered answer costs a few MB, so few are kept.
+MAX_REMEMBERED_ANSWERS = 8
 # Answers shared by all nodes in one state, per key; cleared whole when full (a few MB at most).
-MAX_SHARED_ANSWERS = 200_000
+MAX_SHARED_ANSWERS = 100_000
 
 T = TypeVar("T")
 _UNKNOWN = object()
