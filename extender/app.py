@@ -126,6 +126,15 @@ class HealthOnly:
         await self._app(scope, receive, send)
 
 
+def _bound(answer: bytes) -> bool:
+    """Whether a leader's bind answer says the pod was bound (an ExtenderBindingResult with no Error)."""
+    try:
+        result = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(result, dict) and result.get("Error") == ""
+
+
 def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
     """Build the extender around one API server's ``Kube``; the watch starts with the app."""
     cache = ClusterCache(config.unit)
@@ -256,12 +265,16 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
                 metrics.count("bind", 200)
                 return _json({"Error": f"gpushare refused to bind pod {args.pod_namespace}/{args.pod_name} to node "
                                        f"{args.node}: {problem}; kube-scheduler will filter it again."})
+            ledger_key = args.pod_uid or f"{args.pod_namespace}/{args.pod_name}"
             if elector is not None and forwarder is not None and not elector.is_leader:
                 answer = await forwarder.forward(body, args, elector.view(), forwarded_by)
+                if answer.status == 200 and _bound(answer.body):
+                    ledger.forget(ledger_key)
                 metrics.count("bind", answer.status)
                 return Response(answer.body, status_code=answer.status, media_type="application/json")
             outcome = await bind_here(args)
             if not outcome.error:
+                ledger.forget(ledger_key)
                 metrics.bound(args.pod_uid)
             metrics.binds.labels("failed" if outcome.error else "bound").inc()
             metrics.bind_conflicts.inc(outcome.conflicts)
