@@ -51,7 +51,7 @@ class Verbs:
             return [{"Host": name, "Score": 0} for name in names]
 
         if isinstance(policy, InventoryAware):
-            policy.observe_inventory(self.cache.gpu_capacity())
+            policy.observe_inventory(*self.cache.inventory())
 
         def score(node: Node) -> float | None:
             candidate = self.book.evaluate(policy, node, wanted)
