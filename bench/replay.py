@@ -39,7 +39,7 @@ from tabulate import tabulate
 from bench import openb
 from bench.baselines import PaperBestFit
 from bench.engine import GroupedCluster
-from gpushare.model import Node, gpu_capacity, node_classes
+from gpushare.model import Node, gpu_capacity
 from gpushare.policies import DEFAULT_POLICY, Policy, make_policy, policy_names
 from gpushare.policies.base import InventoryAware
 from gpushare.policies.fgd import FragmentationGradient
@@ -96,7 +96,7 @@ def build_policy(name: str, trace_pods: Sequence[openb.TracePod], nodes: Sequenc
         return BENCH_POLICIES[name]()
     policy = make_policy(name, workload=workload_for(trace_pods) if name in SEEDED_POLICIES else None)
     if isinstance(policy, InventoryAware):
-        policy.observe_inventory(gpu_capacity(nodes), node_classes(nodes))
+        policy.observe_inventory(gpu_capacity(nodes))
     return policy
 
 

@@ -51,7 +51,7 @@ class Verbs:
             return [{"Host": name, "Score": 0} for name in names]
 
         if isinstance(policy, InventoryAware):
-            policy.observe_inventory(*self.cache.inventory())
+            policy.observe_inventory(self.cache.gpu_capacity())
 
         def score(node: Node) -> float | None:
             candidate = self.book.evaluate(policy, node, wanted)

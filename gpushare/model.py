@@ -290,20 +290,6 @@ def account_pod(node: Node, pod: PodInfo) -> None:
     node.add(pod.key, placement_of(pod, read_assignment(pod)))
 
 
-# What decides which pods an empty node could host: its CPU capacity (0: not limited) and the model and
-# memory of each healthy GPU, sorted.
-NodeClass = tuple[int, tuple[tuple[str, int], ...]]
-
-
-def node_classes(nodes: Iterable[Node]) -> dict[NodeClass, int]:
-    """How many nodes of each class ``nodes`` has: what inventory-aware policies are fed with the capacity."""
-    classes: dict[NodeClass, int] = {}
-    for node in nodes:
-        key = (node.cpu_milli, tuple(sorted((g.model, g.total) for g in node.gpus if g.healthy)))
-        classes[key] = classes.get(key, 0) + 1
-    return classes
-
-
 def gpu_capacity(nodes: Iterable[Node]) -> dict[str, int]:
     """GPU memory per model over ``nodes``, healthy GPUs only: what inventory-aware policies are fed
     (``gpushare.policies.base.InventoryAware``)."""

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from gpushare.contract import ModelRule, PodRequest
-from gpushare.model import GPU, Node, gpu_capacity, node_classes
+from gpushare.model import GPU, Node, gpu_capacity
 from gpushare.policies import choose_node, make_policy
 from gpushare.policies.base import InventoryAware
 from gpushare.policies.lookahead import FragmentationLookahead
-from gpushare.policies.scarcity import ScarcityLookahead, model_pressure, size_pressure
+from gpushare.policies.scarcity import ScarcityLookahead, model_pressure
 from gpushare.policies.workload import Shape, WorkloadDistribution
 
 T4_ONLY = ModelRule(("t4",))
@@ -38,7 +38,7 @@ def test_flexible_pods_leave_the_scarce_model_to_the_pods_that_need_it() -> None
     flexible = PodRequest(per_gpu=1000, gpu_count=1, cpu_milli=4000)
     policy = ScarcityLookahead(workload)
     assert isinstance(policy, InventoryAware)
-    policy.observe_inventory(gpu_capacity(nodes), node_classes(nodes))
+    policy.observe_inventory(gpu_capacity(nodes))
     # Node priority alone would pick the T4 node for some seeds; the pressure on T4 never lets it.
     for seed in range(20):
         chosen = choose_node([t4, g2], flexible, policy, seed)
@@ -54,7 +54,7 @@ def test_without_constrained_demand_or_inventory_it_decides_as_fgd_lookahead() -
     nodes = [Node("a", [GPU(0, "G2", 1000, used=300, holders=1), GPU(1, "G2", 1000)], cpu_milli=32000),
              Node("b", [GPU(0, "T4", 1000), GPU(1, "T4", 1000)], cpu_milli=96000, cpu_used=40000)]
     scarcity, lookahead = ScarcityLookahead(workload), FragmentationLookahead(workload)
-    scarcity.observe_inventory(gpu_capacity(nodes), node_classes(nodes))
+    scarcity.observe_inventory(gpu_capacity(nodes))
     for request in (PodRequest(per_gpu=500, gpu_count=1, cpu_milli=2000), PodRequest(per_gpu=1000, gpu_count=2),
                     PodRequest(per_gpu=0, gpu_count=0, cpu_milli=6000)):
         for node in nodes:
@@ -65,9 +65,9 @@ def test_the_version_changes_with_the_inventory_and_the_workload() -> None:
     policy = make_policy("fgd-scarcity")
     assert isinstance(policy, ScarcityLookahead)
     first = policy.version
-    policy.observe_inventory({"T4": 2000}, {(0, (("T4", 1000), ("T4", 1000))): 1})
+    policy.observe_inventory({"T4": 2000})
     second = policy.version
-    policy.observe_inventory({"T4": 2000}, {(0, (("T4", 1000), ("T4", 1000))): 1})
+    policy.observe_inventory({"T4": 2000})
     assert second != first and policy.version == second, "an unchanged inventory keeps the scores"
     policy.observe(PodRequest(per_gpu=1000, gpu_count=1, models=T4_ONLY))
     assert policy.version != second
@@ -77,29 +77,3 @@ def test_the_capacity_counts_healthy_gpus_per_model() -> None:
     nodes = [Node("a", [GPU(0, "T4", 1000), GPU(1, "T4", 1000, healthy=False)]),
              Node("b", [GPU(0, "G2", 16), GPU(1, "G2", 16)])]
     assert gpu_capacity(nodes) == {"T4": 1000, "G2": 32}
-
-
-def test_pods_leave_the_few_nodes_big_enough_for_a_shape_to_it() -> None:
-    # Two 8-GPU nodes with 96 cores and one with 128: a 120-core 8-GPU task fits only the big one.
-    def eight(name: str, cpu: int) -> Node:
-        return Node(name, [GPU(i, "G2", 1000) for i in range(8)], cpu_milli=cpu)
-
-    nodes = [eight("big", 128000), eight("small-0", 96000), eight("small-1", 96000)]
-    big_task = Shape(8, 1000, 120000)
-    histogram = {Shape(1, 1000, 8000): 0.8, big_task: 0.2}
-    pressure = size_pressure(histogram, gpu_capacity(nodes), node_classes(nodes))
-    # Its demand share (1.6 of 2.4 GPUs per pod) over the third of the capacity it fits, less over all of it.
-    assert list(pressure) == [big_task] and pressure[big_task] == 1.0
-    workload = WorkloadDistribution()
-    # The big tasks are too rare for the 95% target, so the lookahead's F does not see them.
-    workload.seed({Shape(1, 1000, 8000): 97.0, big_task: 2.0}, observations=99)
-    assert big_task not in dict(workload.target)
-    policy = ScarcityLookahead(workload)
-    policy.observe_inventory(gpu_capacity(nodes), node_classes(nodes))
-    small = PodRequest(per_gpu=1000, gpu_count=1, cpu_milli=8000)
-    for seed in range(20):
-        chosen = choose_node(nodes, small, policy, seed)
-        assert chosen is not None and chosen[0].name.startswith("small")
-    lookahead = FragmentationLookahead(workload)
-    assert {c[0].name for c in (choose_node(nodes, small, lookahead, s) for s in range(20)) if c} >= {"big"}, \
-        "without the pressure node priority sends some of them to the big node"

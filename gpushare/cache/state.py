@@ -24,7 +24,7 @@ from typing import Any, TypeVar, cast
 
 from gpushare.cache.fitindex import MAX_FIT_SETS, FilterOutcome, FitSet, NodeSummary, fit_check, shape_key, summarise
 from gpushare.contract import MemoryUnit, NodeInfo, PodInfo, PodRequest, read_assignment
-from gpushare.model import Node, NodeClass, Placement, build_node, gpu_capacity, node_classes, placement_of
+from gpushare.model import Node, Placement, build_node, gpu_capacity, placement_of
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class ClusterCache:
         self._reservations: dict[str, Reservation] = {}
         self._index_lock = threading.Lock()
         self._fit_sets: dict[tuple[Any, ...], FitSet] = {}
-        self._capacity: tuple[dict[str, int], dict[NodeClass, int]] | None = None
+        self._capacity: dict[str, int] | None = None
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -92,14 +92,13 @@ class ClusterCache:
         """The names of ``names`` that are no node in the cache (one C-level pass)."""
         return list(filterfalse(self._summaries.__contains__, names))
 
-    def inventory(self) -> tuple[dict[str, int], dict[NodeClass, int]]:
-        """GPU memory per model over every known node's healthy GPUs, and the nodes per class (what
-        ``InventoryAware`` policies are fed); recomputed only after a node changed (prioritize asks for it per
-        pod, placements do not change it)."""
+    def gpu_capacity(self) -> dict[str, int]:
+        """GPU memory per model over every known node's healthy GPUs; recomputed only after a node changed
+        (prioritize asks for it per pod, placements do not change it)."""
         capacity = self._capacity
         if capacity is None:
             states = [e.state for e in list(self._entries.values()) if e.info is not None]
-            capacity = self._capacity = (gpu_capacity(states), node_classes(states))
+            capacity = self._capacity = gpu_capacity(states)
         return capacity
 
     @contextmanager

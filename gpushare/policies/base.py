@@ -9,7 +9,7 @@ from itertools import combinations
 from typing import Protocol, runtime_checkable
 
 from gpushare.contract import PodRequest
-from gpushare.model import GPU, Node, NodeClass
+from gpushare.model import GPU, Node
 
 MAX_EXTENDER_SCORE = 10
 
@@ -44,9 +44,8 @@ class Policy(Protocol):
 class InventoryAware(Protocol):
     """A policy that weighs GPUs by how much of the cluster's capacity their model is."""
 
-    def observe_inventory(self, capacity: Mapping[str, int], classes: Mapping[NodeClass, int]) -> None:
-        """The cluster's GPU memory per model (healthy GPUs, memory units) and its nodes per class
-        (``gpushare.model.node_classes``), whenever they may have changed."""
+    def observe_inventory(self, capacity: Mapping[str, int]) -> None:
+        """The cluster's GPU memory per model (healthy GPUs, memory units), whenever it may have changed."""
         ...
 
 

@@ -171,7 +171,7 @@ class FragmentationGradient:
         for chosen in self.choices(hosts, request):
             taken = {g.index: g.free if request.exclusive else request.per_gpu for g in chosen}
             growth = self._fragmentation(self._key(node, rows, cpu_free - request.cpu_milli, taken)) - before
-            growth += self.displacement(node, request, taken)
+            growth += self.displacement(node, taken)
             rank = self.rank(growth, gpu_size)
             if best is None or rank > best[0]:
                 best = (rank, chosen)
@@ -199,9 +199,9 @@ class FragmentationGradient:
         if {g.index for g in tightest} != {g.index for g in by_index}:
             yield tightest
 
-    def displacement(self, node: Node, request: PodRequest, taken: dict[int, int]) -> int:
-        """A cost added to the growth of F for placing ``request`` on ``node`` taking ``taken`` (GPU index ->
-        units), in the same unit (memory units times ``PRECISION``). FGD itself counts fragmentation only."""
+    def displacement(self, node: Node, taken: dict[int, int]) -> int:
+        """A cost added to the growth of F for taking ``taken`` (GPU index -> units) on ``node``, in the same
+        unit (memory units times ``PRECISION``). FGD itself counts fragmentation only."""
         return 0
 
     def rank(self, growth: int, gpu_size: int) -> tuple[float, ...]:

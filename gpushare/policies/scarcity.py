@@ -25,45 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpushare.contract import PodRequest
-from gpushare.model import Node, NodeClass
+from gpushare.model import Node
 from gpushare.policies.fgd import PRECISION
 from gpushare.policies.lookahead import FragmentationLookahead
 from gpushare.policies.workload import Shape, WorkloadDistribution
-
-# A shape counts as restricted by node size when the nodes it fits hold at most this share of the capacity of
-# its models. Charging the 8-GPU shapes that fit most 8-GPU nodes (79% of the openb cluster) kept whole nodes
-# whole at the cost of everything else (multigpu20: 3.91 -> 4.38 unallocated, seeds 42-43); shapes confined to
-# a minority of nodes (the 120-core 8-GPU pods that fit only the 39 G3 nodes) are the ones worth keeping room for.
-SCARCE_SHARE = 0.5
-
-
-def _fits_empty(shape: Shape, node: NodeClass) -> bool:
-    cpu, gpus = node
-    room = sum(1 for model, total in gpus if total >= shape.per_gpu and shape.models.accepts(model))
-    return room >= shape.gpu_count and not (cpu and shape.cpu_milli > cpu)
-
-
-def size_pressure(histogram: Mapping[Shape, float], capacity: Mapping[str, int],
-                  classes: Mapping[NodeClass, int]) -> dict[Shape, float]:
-    """Pressure per GPU shape that fits on fewer nodes than its models allow (too few GPUs or too few cores
-    on the others): its share of GPU demand over the cluster share of the nodes it fits on, less the same over
-    the share of its models, so that only the scarcity beyond the models' (``model_pressure``) is counted."""
-    total_capacity = sum(capacity.values())
-    demand = {s: p * s.gpu_count * s.per_gpu for s, p in histogram.items() if s.gpu_count}
-    total_demand = sum(demand.values())
-    pressure: dict[Shape, float] = {}
-    if total_capacity <= 0 or total_demand <= 0:
-        return pressure
-    for shape, amount in demand.items():
-        allowed = sum(capacity[m] for m in capacity if shape.models.accepts(m))
-        fits = sum(count * sum(total for model, total in gpus if shape.models.accepts(model))
-                   for (cpu, gpus), count in classes.items() if _fits_empty(shape, (cpu, gpus)))
-        # Only shapes that fit on at most half of what their models allow: see SCARCE_SHARE.
-        if 0 < fits <= allowed * SCARCE_SHARE:
-            share = amount / total_demand
-            pressure[shape] = min(share * total_capacity / fits - share * total_capacity / allowed, 1.0)
-    return pressure
 
 
 def model_pressure(histogram: Mapping[Shape, float], capacity: Mapping[str, int]) -> dict[str, float]:
@@ -98,18 +63,14 @@ class ScarcityLookahead(FragmentationLookahead):
         super().__init__(workload)
         self._capacity: dict[str, int] = {}
         self._pressure: dict[str, float] = {}
-        self._classes: dict[NodeClass, int] = {}
-        # The size-restricted shapes whose lost copies are worth charging, with their pressure.
-        self._restricted: tuple[tuple[Shape, float], ...] = ()
         self._basis: tuple[int, int] = (-1, 0)
         self._inventory_version = 0
         self._version = 0
 
-    def observe_inventory(self, capacity: Mapping[str, int], classes: Mapping[NodeClass, int]) -> None:
-        """The cluster's GPU capacity per model, in memory units (healthy GPUs), and its nodes per class."""
-        if dict(capacity) != self._capacity or dict(classes) != self._classes:
+    def observe_inventory(self, capacity: Mapping[str, int]) -> None:
+        """The cluster's GPU capacity per model, in memory units (healthy GPUs)."""
+        if dict(capacity) != self._capacity:
             self._capacity = dict(capacity)
-            self._classes = dict(classes)
             self._inventory_version += 1
 
     @property
@@ -121,46 +82,18 @@ class ScarcityLookahead(FragmentationLookahead):
         basis = (self.workload.version, self._inventory_version)
         if basis != self._basis:
             self._basis = basis
-            histogram = self.workload.histogram()
-            self._pressure = model_pressure(histogram, self._capacity)
-            # A shape whose lost copy would cost less than half the lookahead's step changes no decision.
-            half_step = self._step() / PRECISION / 2
-            self._restricted = tuple((shape, pressure) for shape, pressure in
-                                     size_pressure(histogram, self._capacity, self._classes).items()
-                                     if pressure * shape.gpu_count * shape.per_gpu >= half_step)
+            self._pressure = model_pressure(self.workload.histogram(), self._capacity)
             self._version += 1
 
-    def displacement(self, node: Node, request: PodRequest, taken: dict[int, int]) -> int:
+    def displacement(self, node: Node, taken: dict[int, int]) -> int:
+        if not taken:
+            return 0
         self._refresh()
         cost = 0.0
         for gpu in node.gpus:
             units = taken.get(gpu.index)
             if units:
                 cost += units * self._pressure.get(gpu.model, 0.0)
-        if self._restricted:
-            cpu_free = node.cpu_milli - node.cpu_used if node.cpu_milli else None
-            before = [(g.model, g.free, g.used == 0 and g.holders == 0 and g.free >= g.total) for g in node.gpus
-                      if g.healthy]
-            after = [(model, free - taken.get(g.index, 0), whole and g.index not in taken)
-                     for g, (model, free, whole) in zip((g for g in node.gpus if g.healthy), before, strict=True)]
-            cpu_after = None if cpu_free is None else cpu_free - request.cpu_milli
-            for shape, pressure in self._restricted:
-                lost = _copies(shape, before, cpu_free) - _copies(shape, after, cpu_after)
-                if lost:
-                    cost += pressure * lost * shape.gpu_count * shape.per_gpu
         return round(cost * PRECISION)
-
-
-def _copies(shape: Shape, gpus: list[tuple[str, int, bool]], cpu_free: int | None) -> int:
-    """How many pods of ``shape`` fit on GPUs of (model, free units, untouched) with ``cpu_free`` cores left
-    (``None``: not limited)."""
-    if shape.gpu_count == 1 and not shape.exclusive and shape.per_gpu > 0:
-        copies = sum(free // shape.per_gpu for model, free, _ in gpus if shape.models.accepts(model))
-    else:
-        copies = sum(1 for model, free, whole in gpus if free >= shape.per_gpu and (whole or not shape.exclusive)
-                     and shape.models.accepts(model)) // shape.gpu_count
-    if cpu_free is not None and shape.cpu_milli > 0:
-        copies = min(copies, max(cpu_free, 0) // shape.cpu_milli)
-    return copies
 
 
