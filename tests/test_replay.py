@@ -88,6 +88,8 @@ def test_the_fast_replay_decides_exactly_like_choose_node(trace: Path, name: str
     for pod in order:
         request = pod.request()
         policy.observe(request)
+        # The engine keeps "does not fit" answers across version changes: None exactly when it does not fit.
+        assert all((policy.evaluate(n, request) is None) == (not n.fits(request)) for n in nodes)
         chosen = choose_node(nodes, request, policy, seed)
         if chosen is None:
             slow.append((pod.name, None, ()))

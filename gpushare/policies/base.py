@@ -30,7 +30,10 @@ class Policy(Protocol):
     name: str
 
     def evaluate(self, node: Node, request: PodRequest) -> Candidate | None:
-        """The best placement of ``request`` on ``node``, or ``None`` if it does not fit."""
+        """The best placement of ``request`` on ``node``, or ``None`` if it does not fit.
+
+        ``None`` exactly when ``node.fits(request)`` is false: whether a pod fits is a fact of the node and the
+        request, never of what the policy has learned, so callers may keep it across ``version`` changes."""
         ...
 
     def observe(self, request: PodRequest) -> None:

@@ -102,16 +102,24 @@ def _whole(gpu: GPU) -> bool:
     return gpu.total > 0 and gpu.used == 0 and gpu.holders == 0 and gpu.free == gpu.total
 
 
-def _pools(gpus: Sequence[GPU], changed: dict[int, int]) -> tuple[Pool, ...]:
+# What F reads of one GPU: its index, model, free units and whether it is untouched.
+Row = tuple[int, str, int, bool]
+
+
+def _rows(gpus: Sequence[GPU]) -> list[Row]:
+    """Read once per evaluation: a node's before and after states for every GPU choice are built from it."""
+    return [(g.index, g.model, g.free, _whole(g)) for g in gpus]
+
+
+def _pools(rows: Sequence[Row], changed: dict[int, int]) -> tuple[Pool, ...]:
     """The node's pools, with the GPUs in ``changed`` (index -> units taken) as if the pod were placed."""
     frees: dict[str, list[int]] = {}
     wholes: dict[str, list[int]] = {}
-    for gpu in gpus:
-        free = gpu.free
-        taken = changed.get(gpu.index)
-        frees.setdefault(gpu.model, []).append(free if taken is None else free - taken)
-        if taken is None and _whole(gpu):
-            wholes.setdefault(gpu.model, []).append(free)
+    for index, model, free, whole in rows:
+        taken = changed.get(index)
+        frees.setdefault(model, []).append(free if taken is None else free - taken)
+        if taken is None and whole:
+            wholes.setdefault(model, []).append(free)
     return tuple((model, tuple(sorted(values)), tuple(sorted(wholes.get(model, ()))))
                  for model, values in sorted(frees.items()))
 
@@ -147,7 +155,7 @@ class FragmentationGradient:
 
     def fragmentation(self, node: Node) -> float:
         """The node's expected fragmentation F under the current target workload, in memory units."""
-        return self._fragmentation(self._key(node, node.cpu_milli - node.cpu_used, {})) / PRECISION
+        return self._fragmentation(self._key(node, _rows(node.gpus), node.cpu_milli - node.cpu_used, {})) / PRECISION
 
     def evaluate(self, node: Node, request: PodRequest) -> Candidate | None:
         if not node.fits_host_resources(request):
@@ -156,12 +164,13 @@ class FragmentationGradient:
         if len(hosts) < request.gpu_count:
             return None
         cpu_free = node.cpu_milli - node.cpu_used
-        before = self._fragmentation(self._key(node, cpu_free, {}))
+        rows = _rows(node.gpus)
+        before = self._fragmentation(self._key(node, rows, cpu_free, {}))
         gpu_size = max((g.total for g in node.gpus), default=0) or 1
         best: tuple[tuple[float, ...], tuple[GPU, ...]] | None = None
         for chosen in self.choices(hosts, request):
             taken = {g.index: g.free if request.exclusive else request.per_gpu for g in chosen}
-            growth = self._fragmentation(self._key(node, cpu_free - request.cpu_milli, taken)) - before
+            growth = self._fragmentation(self._key(node, rows, cpu_free - request.cpu_milli, taken)) - before
             growth += self.displacement(node, taken)
             rank = self.rank(growth, gpu_size)
             if best is None or rank > best[0]:
@@ -202,8 +211,8 @@ class FragmentationGradient:
         gpus = growth / (PRECISION * self.measure().coverage * gpu_size)
         return (float(int(SCORE_LEVELS / (1.0 + math.exp(gpus)))),)
 
-    def _key(self, node: Node, cpu_free: int, taken: dict[int, int]) -> StateKey:
-        return self.measure().state(cpu_free if node.cpu_milli else UNLIMITED, _pools(node.gpus, taken))
+    def _key(self, node: Node, rows: Sequence[Row], cpu_free: int, taken: dict[int, int]) -> StateKey:
+        return self.measure().state(cpu_free if node.cpu_milli else UNLIMITED, _pools(rows, taken))
 
     def _fragmentation(self, key: StateKey) -> int:
         measure = self.measure()
