@@ -103,8 +103,9 @@ def manifest(name: str, shape: Shape) -> dict[str, Any]:
 
 
 def create_pods(core: client.CoreV1Api, shapes: Sequence[Shape], prefix: str) -> None:
+    create: Any = core.create_namespaced_pod  # the client accepts the manifest as a plain dict, as kubectl sends it
     for i, shape in enumerate(shapes):
-        core.create_namespaced_pod("default", manifest(f"{prefix}-{i:05d}", shape), _preload_content=False)
+        create("default", manifest(f"{prefix}-{i:05d}", shape), _preload_content=False)
 
 
 def delete_pods(kube: Kube, core: client.CoreV1Api) -> None:

@@ -480,11 +480,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hostile", type=int, default=1000)
     args = parser.parse_args(argv)
     rows = []
+    scenarios: list[tuple[str, Callable[[Rig], Outcome]]] = [
+        ("freeze", lambda r: freeze(r, args.pods, args.freeze_s)),
+        ("restart-empty", lambda r: restart_empty(r, args.pods)),
+        ("kill-extender", lambda r: kill_extender(r, args.pods)),
+        ("hostile", lambda r: hostile(r, args.hostile))]
     with tempfile.TemporaryDirectory(prefix="gpushare-faults-") as tmp:
-        for name, run in (("freeze", lambda r: freeze(r, args.pods, args.freeze_s)),
-                          ("restart-empty", lambda r: restart_empty(r, args.pods)),
-                          ("kill-extender", lambda r: kill_extender(r, args.pods)),
-                          ("hostile", lambda r: hostile(r, args.hostile))):
+        for name, run in scenarios:
             print(f"{name} ...", file=sys.stderr, flush=True)
             folder = Path(tmp) / name
             folder.mkdir()
