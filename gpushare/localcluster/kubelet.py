@@ -286,6 +286,8 @@ class SimulatedKubelet:
             with self._changed:
                 self._changed.wait_for(lambda: self._stop.is_set() or (self._gate.is_set() and bool(
                     self._ready_pods())), timeout=1.0)
+                if not self._gate.is_set():
+                    continue  # paused: the wait timed out, and nothing may be admitted until the gate opens
                 batch = sorted(self._ready_pods(), key=lambda o: (
                     str(o.get("metadata", {}).get("creationTimestamp", "")), _key(o)))
                 for obj in batch:
