@@ -63,6 +63,17 @@ def cluster_file(folder: Path) -> Path:
     return path
 
 
+def stop_process(pid: int, timeout_s: float = 5.0) -> None:
+    """SIGSTOP, and wait until the kernel shows the process stopped: delivery is asynchronous, and on a loaded
+    machine a request sent right after the signal could otherwise still be answered."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"process {pid} did not stop within {timeout_s:g} s of SIGSTOP")
+        time.sleep(0.001)
+
+
 class Process:
     """A component in its own process, its output in a log file."""
 
@@ -82,15 +93,10 @@ class Process:
         return self.process.pid
 
     def signal(self, signum: int) -> None:
-        os.kill(self.pid, signum)
         if signum == signal.SIGSTOP:
-            # Delivery is asynchronous: wait until the kernel shows the process stopped, or a request sent right
-            # after could still be answered on a loaded machine.
-            deadline = time.monotonic() + 5
-            while Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.command[2]} did not stop within 5 s of SIGSTOP")
-                time.sleep(0.001)
+            stop_process(self.pid)
+        else:
+            os.kill(self.pid, signum)
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -6,7 +6,6 @@ keep answering in milliseconds; once the API server resumes, the cache equals th
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from kubernetes import client
 from test_extender_harness import T4, T4_MIB, create_pod, gpu_node, pod_body, read_pod, serve, spec, wait_for
 from test_extender_hostile import assert_cache_equals_annotations
 
+from bench.faults import stop_process
 from extender.app import create_app
 from extender.binder import UNDO_GRACE_S
 from extender.config import ExtenderConfig
@@ -69,16 +69,6 @@ class FreezeBeforeBinding(Pods):
             self.frozen.set()
             stop_process(self.pid)
         super().bind(namespace, name, uid, node, timeout_s=timeout_s)
-
-
-def stop_process(pid: int) -> None:
-    """SIGSTOP, and wait until the kernel shows the process stopped: delivery is asynchronous, and on a loaded
-    machine a request sent right after the signal could otherwise still be answered."""
-    os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + 5
-    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
-        assert time.monotonic() < deadline, "the API server process did not stop"
-        time.sleep(0.001)
 
 
 class Probe:
