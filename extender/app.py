@@ -138,11 +138,11 @@ def _bound(answer: bytes) -> bool:
 def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
     """Build the extender around one API server's ``Kube``; the watch starts with the app."""
     cache = ClusterCache(config.unit)
-    watch = ClusterWatch(kube.nodes.list_call, kube.pods.list_call, cache)
+    watch = ClusterWatch(kube.nodes.list_call, kube.pods.list_call, cache, list_budgets=kube.budgets.list_call)
     book = PolicyBook(config.policy, load_workload(config.workload_seed) if config.workload_seed else None)
     requests = RequestCache()
     verbs = Verbs(cache, book, requests, config.tie_seed)
-    preempt = Preempt(cache, requests)
+    preempt = Preempt(cache, requests, watch.budgets)
     binder = Binder(kube.pods, cache, book, watch.pending, config.bind_timeout_s)
     ledger = FilterLedger()
     # Binds wait on the API server; they get threads of their own, so that however slow it is, filter and

@@ -6,16 +6,16 @@ the extender which victims it agrees with on each candidate node; ``find_victims
 by the rules that decide what fits everywhere else (``GPU.can_host``, ``Node.fits``), so model, count and
 exclusivity constraints, compute shares, multi-GPU victims and the node's CPU and memory all count.
 
-"Best" follows kube-scheduler's own taste for a node's victims: fewest pods, then the lowest highest priority
-among them, then the lowest sum of priorities, then the fewest PodDisruptionBudget violations. The extender
-reads no PodDisruptionBudgets: what it knows is kube-scheduler's count for its own victims on the node, so a
-set is charged ``min(that count, how many of kube-scheduler's victims it shares)``, an upper bound for the
-pods kube-scheduler judged; a pod kube-scheduler left alone counts as violating none.
+"Best" is the fewest pods, then the lowest highest priority among them, then the lowest sum of priorities,
+then the fewest PodDisruptionBudget violations. The caller counts violations from the budgets it watches
+(``gpushare.disruption``, kube-scheduler's own rule); without them, what is known is kube-scheduler's count
+for its own victims on the node, so a set is charged ``min(that count, how many of kube-scheduler's victims
+it shares)``, an upper bound for the pods kube-scheduler judged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations
 
@@ -25,6 +25,10 @@ from gpushare.model import Node, Placement
 # Victim sets checked exactly per node before falling back to kube-scheduler's own reprieve order. Small nodes
 # (a handful of pods on the GPUs the pod can use) are searched exhaustively well within it.
 MAX_EXACT_CHECKS = 4096
+
+Chosen = Sequence[tuple[str, Placement]]
+ViolationCount = Callable[[Chosen], int]
+"""The PodDisruptionBudget violations of evicting these pods, given most important first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +76,14 @@ def hold(node: Node, held: Iterable[Held]) -> Node:
 
 
 def find_victims(node: Node, request: PodRequest, kube_victims: Collection[str] = (), kube_violations: int = 0,
-                 held: Sequence[Held] = ()) -> VictimSet | None:
+                 held: Sequence[Held] = (), violations: ViolationCount | None = None) -> VictimSet | None:
     """The best set of pods below ``request.priority`` whose eviction lets the pod fit on ``node``.
 
     ``None`` when no such set exists (the node is vetoed) or the pod already fits (there is nothing to evict,
     and kube-scheduler must never be sent an empty victim list). ``kube_victims`` are the UIDs kube-scheduler
     proposed on this node and ``kube_violations`` its PodDisruptionBudget count for them; ``held`` are pods
-    nominated to the node with at least the pod's priority.
+    nominated to the node with at least the pod's priority; ``violations`` counts a set's PodDisruptionBudget
+    violations where the caller knows the budgets.
     """
     if not request.preempts:
         return None
@@ -90,11 +95,12 @@ def find_victims(node: Node, request: PodRequest, kube_victims: Collection[str] 
     if not _fits_without(base, request, [k for k, _ in candidates]):
         return None
     relevant = _relevant(base, request, candidates)
-    kube = frozenset(kube_victims)
+    if violations is None:
+        violations = _bounded_by(frozenset(kube_victims), kube_violations)
 
-    def rank(chosen: Sequence[tuple[str, Placement]]) -> tuple[int, int, int, int, tuple[str, ...]]:
+    def rank(chosen: Chosen) -> tuple[int, int, int, int, tuple[str, ...]]:
         priorities = [p.priority for _, p in chosen]
-        return (len(chosen), max(priorities), sum(priorities), _violations(chosen, kube, kube_violations),
+        return (len(chosen), max(priorities), sum(priorities), violations(_most_important_first(chosen)),
                 tuple(sorted(key for key, _ in chosen)))
 
     best: list[tuple[str, Placement]] | None = None
@@ -103,13 +109,13 @@ def find_victims(node: Node, request: PodRequest, kube_victims: Collection[str] 
         for combo in combinations(relevant, size):
             checks += 1
             if checks > MAX_EXACT_CHECKS:
-                return _result(_reprieve(base, request, relevant), kube, kube_violations)
+                return _result(_reprieve(base, request, relevant), violations)
             if (best is None or rank(combo) < rank(best)) and _fits_without(base, request, [k for k, _ in combo]):
                 best = list(combo)
         if best is not None:
-            return _result(best, kube, kube_violations)
+            return _result(best, violations)
     # Not reached: evicting every relevant candidate lets the pod fit (checked above), so some size found a set.
-    return _result(relevant, kube, kube_violations)
+    return _result(relevant, violations)
 
 
 def _is_held(key: str, held: Sequence[Held]) -> bool:
@@ -141,13 +147,21 @@ def _reprieve(node: Node, request: PodRequest,
     return victims
 
 
-def _violations(chosen: Iterable[tuple[str, Placement]], kube: frozenset[str], kube_violations: int) -> int:
-    return min(kube_violations, sum(1 for _, p in chosen if p.uid in kube))
+def _bounded_by(kube: frozenset[str], kube_violations: int) -> ViolationCount:
+    def count(chosen: Chosen) -> int:
+        return min(kube_violations, sum(1 for _, p in chosen if p.uid in kube))
+
+    return count
 
 
-def _result(chosen: list[tuple[str, Placement]], kube: frozenset[str], kube_violations: int) -> VictimSet:
-    victims = tuple(Victim(key, p.uid, p.priority) for key, p in sorted(chosen, key=lambda c: (-c[1].priority, c[0])))
-    return VictimSet(victims, _violations(chosen, kube, kube_violations))
+def _most_important_first(chosen: Chosen) -> list[tuple[str, Placement]]:
+    """kube-scheduler's MoreImportantPod order (priority, then the key where it would compare start times)."""
+    return sorted(chosen, key=lambda c: (-c[1].priority, c[0]))
+
+
+def _result(chosen: Chosen, violations: ViolationCount) -> VictimSet:
+    ordered = _most_important_first(chosen)
+    return VictimSet(tuple(Victim(key, p.uid, p.priority) for key, p in ordered), violations(ordered))
 
 
 def _copy(node: Node) -> Node:

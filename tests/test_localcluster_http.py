@@ -44,9 +44,16 @@ def test_core_discovery_lists_kinds_verbs_and_short_names(http: httpx.Client) ->
 
 def test_group_discovery_and_version(http: httpx.Client) -> None:
     groups = http.get("/apis").json()["groups"]
-    assert [g["preferredVersion"]["groupVersion"] for g in groups] == ["coordination.k8s.io/v1"]
+    assert [g["preferredVersion"]["groupVersion"] for g in groups] == [
+        "coordination.k8s.io/v1", "scheduling.k8s.io/v1", "policy/v1"]
     leases = http.get("/apis/coordination.k8s.io/v1").json()["resources"]
     assert [(r["name"], r["kind"], r["namespaced"]) for r in leases] == [("leases", "Lease", True)]
+    budgets = http.get("/apis/policy/v1").json()["resources"]
+    assert [(r["name"], r["kind"], r["namespaced"]) for r in budgets] == [
+        ("poddisruptionbudgets", "PodDisruptionBudget", True),
+        ("poddisruptionbudgets/status", "PodDisruptionBudget", True)]
+    classes = http.get("/apis/scheduling.k8s.io/v1").json()["resources"]
+    assert [(r["name"], r["kind"], r["namespaced"]) for r in classes] == [("priorityclasses", "PriorityClass", False)]
     assert http.get("/version").json()["major"] == "1"
 
 

@@ -33,9 +33,18 @@ CLUSTER = spec(gpu_node("two-t4", (T4, T4_MIB), (T4, T4_MIB), cpu="8"),
                gpu_node("mixed", (T4, T4_MIB), (V100_32, V100_32_MIB), cpu="8"))
 
 
+PRIORITIES = (0, 1, 2, 3, 5, 10, 100, 1000)
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
     with LocalCluster(CLUSTER) as local:
+        scheduling = client.SchedulingV1Api(local.api_client())
+        # The API server's Priority admission sets spec.priority from the pod's class, and only from it.
+        for value in PRIORITIES:
+            scheduling.create_priority_class({"metadata": {"name": f"prio-{value}"}, "value": value})
+        scheduling.create_priority_class({"metadata": {"name": "prio-10-never"}, "value": 10,
+                                          "preemptionPolicy": "Never"})
         yield local
 
 
@@ -49,22 +58,40 @@ def extender(cluster: LocalCluster) -> Iterator[str]:
 def core(cluster: LocalCluster) -> client.CoreV1Api:
     api = client.CoreV1Api(cluster.api_client())
     api.delete_collection_namespaced_pod("default", grace_period_seconds=0)
+    client.PolicyV1Api(cluster.api_client()).delete_collection_namespaced_pod_disruption_budget("default")
     return api
 
 
-def with_priority(body: dict[str, Any], priority: int, **spec_fields: Any) -> dict[str, Any]:
-    body["spec"].update(priority=priority, **spec_fields)
+def with_priority(body: dict[str, Any], priority: int, never: bool = False) -> dict[str, Any]:
+    body["spec"]["priorityClassName"] = f"prio-{priority}" + ("-never" if never else "")
+    return body
+
+
+def admitted(body: dict[str, Any], priority: int) -> dict[str, Any]:
+    """A pod as kube-scheduler sends it to the extender: admission has set its priority from its class."""
+    with_priority(body, priority)["spec"]["priority"] = priority
     return body
 
 
 def running(core: client.CoreV1Api, name: str, node: str, gpus: tuple[int, ...], per_gpu: int,
-            priority: int) -> None:
+            priority: int, labels: dict[str, str] | None = None) -> None:
     """A pod already placed by gpushare: bound, with its assignment written, as after a bind."""
     assignment = Assignment(gpu_indices=gpus, total=per_gpu * len(gpus), gpu_memory=15, assume_time_ns=1,
                             unit=MemoryUnit.GiB, assigned=True)
     annotations = {ANN_GPU_COUNT: str(len(gpus))} if len(gpus) > 1 else {}
-    create_pod(core, with_priority(pod_body(name, per_gpu * len(gpus), node=node, annotations=annotations,
-                                            extra_annotations=assignment.annotations()), priority))
+    body = with_priority(pod_body(name, per_gpu * len(gpus), node=node, annotations=annotations,
+                                  extra_annotations=assignment.annotations()), priority)
+    body["metadata"]["labels"] = labels or {}
+    create_pod(core, body)
+
+
+def budget(cluster: LocalCluster, name: str, app: str, allowed: int) -> None:
+    """A PodDisruptionBudget over the pods labelled ``app``; its status written as the disruption controller
+    would (the local cluster runs no controllers)."""
+    policy = client.PolicyV1Api(cluster.api_client())
+    policy.create_namespaced_pod_disruption_budget("default", {"metadata": {"name": name}, "spec": {
+        "maxUnavailable": allowed, "selector": {"matchLabels": {"app": app}}}})
+    policy.patch_namespaced_pod_disruption_budget_status(name, "default", {"status": {"disruptionsAllowed": allowed}})
 
 
 def pods(core: client.CoreV1Api) -> set[str]:
@@ -138,14 +165,14 @@ def test_multi_gpu_pod_frees_room_on_two_gpus(cluster: LocalCluster, extender: s
     assert node == "two-t4"
 
 
-@pytest.mark.parametrize("how", [{"labels": {"sharedgpu/priority": "0"}}, {"preemptionPolicy": "Never"}])
+@pytest.mark.parametrize("how", [{"labels": {"sharedgpu/priority": "0"}}, {"never": True}])
 def test_opportunistic_pods_never_preempt(cluster: LocalCluster, extender: str, core: client.CoreV1Api,
                                           how: dict[str, Any]) -> None:
     running(core, "low", "two-t4", (0,), 15, 0)
     running(core, "low2", "two-t4", (1,), 15, 0)
     running(core, "high", "mixed", (0,), 15, 100)
     running(core, "high2", "mixed", (1,), 32, 100)
-    body = with_priority(pod_body("waiter", 8), 10, **({} if "labels" in how else how))
+    body = with_priority(pod_body("waiter", 8), 10, never="never" in how)
     body["metadata"].update(how if "labels" in how else {})
     create_pod(core, body)
     with SchedulerLoop(cluster.api_client(), extender, seed=1) as loop:
@@ -179,20 +206,18 @@ def test_a_nominated_pod_keeps_its_room_from_lower_priority_pods(cluster: LocalC
         assert loop.schedule_pod("urgent").node == "two-t4"
 
 
-def test_preempt_verb_over_http(extender: str, core: client.CoreV1Api) -> None:
-    running(core, "x", "two-t4", (0,), 15, 1)
-    running(core, "y", "two-t4", (1,), 15, 1)
+def test_preempt_verb_over_http(cluster: LocalCluster, extender: str, core: client.CoreV1Api) -> None:
+    running(core, "x", "two-t4", (0,), 15, 1, labels={"app": "x"})
+    running(core, "y", "two-t4", (1,), 15, 1, labels={"app": "y"})
+    budget(cluster, "guard-x", "x", 0)
     uid = {p.metadata.name: p.metadata.uid for p in core.list_namespaced_pod("default").items}
-    preemptor = with_priority(pod_body("p", 8), 5)
+    wait_for(lambda: _on_two_t4(extender, uid["x"]).get("Pods") == [{"UID": uid["y"]}],
+             "the extender to see the budget")
+    # kube-scheduler proposed "x", which a budget protects: "y" is as good and violates none.
+    assert _answer(extender, uid["x"], "p") == {"NodeNameToMetaVictims": {"two-t4": {"Pods": [{"UID": uid["y"]}],
+                                                                                     "NumPDBViolations": 0}}}
+    preemptor = admitted(pod_body("p", 8), 5)
     preemptor["metadata"]["uid"] = "preemptor"
-    # kube-scheduler proposed "x" and counted one PodDisruptionBudget violation for it: "y" is as good and free.
-    answer = httpx.post(extender + "/preempt", json={"Pod": preemptor, "NodeNameToVictims": None,
-                                                     "NodeNameToMetaVictims": {
-                                                         "two-t4": {"Pods": [{"UID": uid["x"]}], "NumPDBViolations": 1},
-                                                         "unknown-node": {"Pods": [{"UID": "u"}]}}})
-    assert answer.status_code == 200
-    assert answer.json() == {"NodeNameToMetaVictims": {"two-t4": {"Pods": [{"UID": uid["y"]}],
-                                                                  "NumPDBViolations": 0}}}
     # The full form (nodeCacheCapable: false) is read too; the answer is always by UID.
     full = httpx.post(extender + "/preempt", json={"Pod": preemptor, "NodeNameToMetaVictims": None,
                                                    "NodeNameToVictims": {"two-t4": {"Pods": [read_pod(core, "x")],
@@ -201,3 +226,66 @@ def test_preempt_verb_over_http(extender: str, core: client.CoreV1Api) -> None:
     bad = httpx.post(extender + "/preempt", json={"Pod": preemptor})
     assert bad.status_code == 400
     assert "neither NodeNameToMetaVictims" in bad.json()["Error"]
+
+
+def _on_two_t4(extender: str, proposed_uid: str) -> Any:
+    """The extender's victims on "two-t4" for an 8-unit pod of priority 5 (empty while it sees none there)."""
+    return (_answer(extender, proposed_uid, "probe").get("NodeNameToMetaVictims") or {}).get("two-t4") or {}
+
+
+def _answer(extender: str, proposed_uid: str, name: str) -> Any:
+    preemptor = admitted(pod_body(name, 8), 5)
+    preemptor["metadata"]["uid"] = "preemptor"
+    answer = httpx.post(extender + "/preempt", json={"Pod": preemptor, "NodeNameToVictims": None,
+                                                     "NodeNameToMetaVictims": {
+                                                         "two-t4": {"Pods": [{"UID": proposed_uid}],
+                                                                    "NumPDBViolations": 1},
+                                                         "unknown-node": {"Pods": [{"UID": "u"}]}}})
+    assert answer.status_code == 200
+    return answer.json()
+
+
+def test_preemption_spares_pods_a_disruption_budget_protects(cluster: LocalCluster, extender: str,
+                                                             core: client.CoreV1Api) -> None:
+    # Two equally good single victims on "two-t4"; the budget over "a-serving" allows no disruption, so the
+    # extender takes "b-batch" (without the budget, names break the tie: "a-serving" would go).
+    running(core, "a-serving", "two-t4", (0,), 15, 1, labels={"app": "serving"})
+    running(core, "b-batch", "two-t4", (1,), 15, 1, labels={"app": "batch"})
+    running(core, "mixed-t4", "mixed", (0,), 15, 100)
+    running(core, "mixed-v100", "mixed", (1,), 32, 100)
+    budget(cluster, "serving", "serving", 0)
+    batch = read_pod(core, "b-batch")["metadata"]["uid"]
+    wait_for(lambda: _on_two_t4(extender, "none").get("Pods") == [{"UID": batch}],
+             "the extender to see the budget")
+    create_pod(core, with_priority(pod_body("urgent", 8), 10))
+    with SchedulerLoop(cluster.api_client(), extender, seed=1) as loop:
+        schedule_after_preemption(loop, core, "urgent", {"a-serving", "mixed-t4", "mixed-v100"})
+
+
+def test_a_budget_that_allows_a_disruption_is_no_obstacle(cluster: LocalCluster, extender: str,
+                                                          core: client.CoreV1Api) -> None:
+    running(core, "a-serving", "two-t4", (0,), 15, 1, labels={"app": "serving"})
+    running(core, "b-batch", "two-t4", (1,), 15, 1, labels={"app": "batch"})
+    running(core, "mixed-t4", "mixed", (0,), 15, 100)
+    running(core, "mixed-v100", "mixed", (1,), 32, 100)
+    budget(cluster, "serving", "serving", 1)
+    budget(cluster, "marker", "none", 0)
+    # Once the extender has seen the second budget it has seen the first.
+    wait_for(lambda: _on_two_t4(extender, "none").get("NumPDBViolations") == 0, "the extender to see the budgets")
+    create_pod(core, with_priority(pod_body("urgent", 8), 10))
+    with SchedulerLoop(cluster.api_client(), extender, seed=1) as loop:
+        schedule_after_preemption(loop, core, "urgent", {"b-batch", "mixed-t4", "mixed-v100"})
+
+
+def test_the_scheduler_prefers_the_node_whose_victims_no_budget_protects(cluster: LocalCluster, extender: str,
+                                                                        core: client.CoreV1Api) -> None:
+    # One equally good victim on each node; kube-scheduler's first criterion is the fewest budget violations.
+    running(core, "a-guarded", "two-t4", (0,), 15, 1, labels={"app": "guarded"})
+    running(core, "two-t4-high", "two-t4", (1,), 15, 100)
+    running(core, "b-free", "mixed", (0,), 15, 1, labels={"app": "free"})
+    running(core, "mixed-v100", "mixed", (1,), 32, 100)
+    budget(cluster, "guarded", "guarded", 0)
+    create_pod(core, with_priority(pod_body("urgent", 8, annotations={ANN_GPU_MODEL: T4}), 10))
+    with SchedulerLoop(cluster.api_client(), extender, seed=1) as loop:
+        node = schedule_after_preemption(loop, core, "urgent", {"a-guarded", "two-t4-high", "mixed-v100"})
+    assert node == "mixed"

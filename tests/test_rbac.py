@@ -24,7 +24,7 @@ from gpushare.kube.api import Kube
 ROOT = Path(__file__).resolve().parents[1]
 Grant = tuple[str, str, str]  # (API group, resource, verb)
 RESOURCES = {"pods": "pods", "_pods": "pods", "nodes": "nodes", "_nodes": "nodes", "leases": "leases",
-             "_leases": "leases"}
+             "_leases": "leases", "budgets": "budgets", "_budgets": "budgets"}
 
 
 class _Recorded(BaseException):
@@ -79,8 +79,9 @@ def _kube_layer_grants() -> dict[tuple[str, str], set[Grant]]:
         ("leases", "replace"): [{"namespace": "ns", "name": "l", "body": {}}],
         ("pods", "list_call"): [{"_preload_content": False}, {"_preload_content": False, "watch": True}],
         ("nodes", "list_call"): [{"_preload_content": False}, {"_preload_content": False, "watch": True}],
+        ("budgets", "list_call"): [{"_preload_content": False}, {"_preload_content": False, "watch": True}],
     }
-    public = {(attr, name) for attr in ("pods", "nodes", "leases") for name in dir(getattr(kube, attr))
+    public = {(attr, name) for attr in ("pods", "nodes", "leases", "budgets") for name in dir(getattr(kube, attr))
               if not name.startswith("_") and callable(getattr(getattr(kube, attr), name)) and name != "host"}
     assert public == set(calls), ("the kube layer's methods changed; teach this test how to call "
                                   f"{sorted(public ^ set(calls))}")

@@ -25,7 +25,7 @@ from typing import Any, TypeVar, cast
 from gpushare.cache.fitindex import MAX_FIT_SETS, FilterOutcome, FitSet, NodeSummary, fit_check, shape_key, summarise
 from gpushare.contract import MemoryUnit, NodeInfo, PodInfo, PodRequest, RequestError, parse_request, read_assignment
 from gpushare.model import Node, Placement, build_node, gpu_capacity, placement_of, state_signature
-from gpushare.preemption import Held, VictimSet, find_victims, hold
+from gpushare.preemption import Held, VictimSet, ViolationCount, find_victims, hold
 
 log = logging.getLogger(__name__)
 
@@ -173,18 +173,19 @@ class ClusterCache:
         return [Held(key, wanted) for key, (uid, wanted) in nominated
                 if uid != pod_uid and wanted.priority >= request.priority]
 
-    def preempt(self, request: PodRequest, pod_uid: str,
-                kube_victims: Mapping[str, tuple[Collection[str], int]]) -> dict[str, VictimSet]:
+    def preempt(self, request: PodRequest, pod_uid: str, kube_victims: Mapping[str, tuple[Collection[str], int]],
+                violations: ViolationCount | None = None) -> dict[str, VictimSet]:
         """The victims the pod needs on each candidate node; nodes with no such set (or unknown) are left out.
 
         ``kube_victims`` maps each candidate node to kube-scheduler's proposed victim UIDs and its
-        PodDisruptionBudget count for them.
+        PodDisruptionBudget count for them; ``violations`` counts a set's violations from the budgets, where known.
         """
         out: dict[str, VictimSet] = {}
-        for name, (proposed, violations) in kube_victims.items():
+        for name, (proposed, kube_violations) in kube_victims.items():
             held = self.held_on(name, request, pod_uid)
             with self.locked(name) as node:
-                found = None if node is None else find_victims(node, request, proposed, violations, held)
+                found = None if node is None else find_victims(node, request, proposed, kube_violations, held,
+                                                               violations)
             if found is not None:
                 out[name] = found
         return out

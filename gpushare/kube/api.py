@@ -2,10 +2,10 @@
 
 The official client's hints describe model objects, not the raw replies read here, and it raises
 ``ApiException`` for answers and urllib3 or OS errors for everything else; all of that stops here. Callers
-see ``Pods``, ``Nodes`` and ``Leases``, JSON dicts, and ``KubeError`` subclasses whose text is a sentence
-saying what happened and what to do. Replies are read raw (``_preload_content=False``): at thousands of
-pods, building the client's model objects costs more than the rest of the work. Every call carries a
-timeout, overridable so that a caller with a deadline can pass what is left of it; together with the
+see ``Pods``, ``Nodes``, ``Leases`` and ``DisruptionBudgets``, JSON dicts, and ``KubeError`` subclasses whose
+text is a sentence saying what happened and what to do. Replies are read raw (``_preload_content=False``):
+at thousands of pods, building the client's model objects costs more than the rest of the work. Every call
+carries a timeout, overridable so that a caller with a deadline can pass what is left of it; together with the
 loader's ``retries = False`` nothing waits longer than its caller allows.
 """
 
@@ -280,6 +280,14 @@ class Leases(_Resource):
                           self._coordination.replace_namespaced_lease, name, namespace, body, timeout_s=timeout_s)
 
 
+class DisruptionBudgets(_Resource):
+    """PodDisruptionBudgets (policy/v1): listed and watched, for preemption's count of violations."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        super().__init__(api_client)
+        self.list_call = _list_call(client.PolicyV1Api(api_client).list_pod_disruption_budget_for_all_namespaces)
+
+
 @dataclass(frozen=True)
 class Kube:
     """One API server as gpushare uses it. Tests swap a part (``dataclasses.replace``) to stage races."""
@@ -287,10 +295,11 @@ class Kube:
     pods: Pods
     nodes: Nodes
     leases: Leases
+    budgets: DisruptionBudgets
 
     @classmethod
     def from_api_client(cls, api_client: client.ApiClient) -> Kube:
-        return cls(Pods(api_client), Nodes(api_client), Leases(api_client))
+        return cls(Pods(api_client), Nodes(api_client), Leases(api_client), DisruptionBudgets(api_client))
 
     @property
     def host(self) -> str:

@@ -1,4 +1,4 @@
-"""Turn kubernetes client objects (or their JSON dicts) into the core's ``PodInfo`` and ``NodeInfo``."""
+"""Turn kubernetes client objects (or their JSON dicts) into the core's ``PodInfo``, ``NodeInfo`` and ``Budget``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpushare.contract import ContainerInfo, NodeInfo, PodInfo
+from gpushare.disruption import Budget, label_selector
 
 
 def _get(obj: Any, snake: str, camel: str | None = None) -> Any:
@@ -67,3 +68,14 @@ def node_info(node: Any) -> NodeInfo:
         allocatable=_strs(_get(status, "allocatable")),
         addresses=addresses,
     )
+
+
+def budget_info(pdb: Mapping[str, Any]) -> Budget:
+    """A policy/v1 PodDisruptionBudget's JSON, as preemption reads it."""
+    meta = pdb.get("metadata") or {}
+    status = pdb.get("status") or {}
+    allowed = status.get("disruptionsAllowed")
+    return Budget(namespace=str(meta.get("namespace") or "default"), name=str(meta.get("name")),
+                  selector=label_selector((pdb.get("spec") or {}).get("selector")),
+                  disruptions_allowed=allowed if type(allowed) is int else 0,
+                  disrupted_pods=frozenset(str(k) for k in status.get("disruptedPods") or {}))

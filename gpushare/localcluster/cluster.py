@@ -1,7 +1,7 @@
 """``LocalCluster``: the local API server on a background thread, loaded from a cluster description.
 
-For tests and the demo only. It keeps everything in memory and has no authentication, no admission and no
-controllers; it is never a stand-in for a real cluster.
+For tests and the demo only. It keeps everything in memory and has no authentication, no controllers and of
+the admission plugins only Priority; it is never a stand-in for a real cluster.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpushare.localcluster import validation
+from gpushare.localcluster import budgets, priority, validation
 from gpushare.localcluster.errors import ApiError, forbidden, invalid
 
 Obj = dict[str, Any]
@@ -83,10 +83,14 @@ EVENTS = Resource("events", "event", "Event", True, short_names=("ev",),
                                     "reportingComponent", "type"),
                           "source": _path("source", "component")})
 LEASES = Resource("leases", "lease", "Lease", True, group="coordination.k8s.io")
+PRIORITY_CLASSES = Resource("priorityclasses", "priorityclass", "PriorityClass", False, group="scheduling.k8s.io",
+                            short_names=("pc",))
+BUDGETS = Resource("poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget", True, group="policy",
+                   short_names=("pdb",), subresources=("status",))
 
-RESOURCES = (PODS, NODES, NAMESPACES, CONFIGMAPS, EVENTS, LEASES)
+RESOURCES = (PODS, NODES, NAMESPACES, CONFIGMAPS, EVENTS, LEASES, PRIORITY_CLASSES, BUDGETS)
 BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
-GROUPS = {"coordination.k8s.io": "v1"}
+GROUPS = {"coordination.k8s.io": "v1", "scheduling.k8s.io": "v1", "policy": "v1"}
 
 def check_name(resource: Resource, name: str) -> None:
     """Namespaces need a DNS label; every other kind a DNS subdomain, as in Kubernetes."""
@@ -131,6 +135,8 @@ def apply_defaults(resource: Resource, obj: Obj) -> None:
     """Fill defaulted fields of a new object (owned by the caller) in place."""
     if resource is PODS:
         _default_pod(obj)
+    elif resource is PRIORITY_CLASSES:
+        priority.default_priority_class(obj)
 
 
 def _qos_class(spec: Obj) -> str:
@@ -154,6 +160,16 @@ def prepare_create(resource: Resource, obj: Obj) -> None:
         spec.setdefault("finalizers", ["kubernetes"])
         obj["spec"] = spec
         obj["status"] = {"phase": "Active"}
+    elif resource is BUDGETS:
+        budgets.prepare_budget(obj)
+
+
+def admit(resource: Resource, obj: Obj, classes: Callable[[], list[Obj]]) -> None:
+    """The admission plugins a real API server runs by default that change what gpushare sees: Priority."""
+    if resource is PODS:
+        priority.admit_pod(obj, classes())
+    elif resource is PRIORITY_CLASSES:
+        priority.admit_priority_class(obj, classes())
 
 
 def decode(resource: Resource, obj: Obj) -> None:
@@ -167,6 +183,10 @@ def decode(resource: Resource, obj: Obj) -> None:
             validation.decode_node(obj)
         elif resource is CONFIGMAPS:
             validation.decode_string_map(obj, "data", "ConfigMap", "data")
+        elif resource is PRIORITY_CLASSES:
+            priority.decode_priority_class(obj)
+        elif resource is BUDGETS:
+            budgets.decode_budget(obj)
     except validation.DecodeError as exc:
         raise validation.decode_error(resource.kind, resource.version, exc) from None
 
@@ -178,6 +198,10 @@ def validate(resource: Resource, obj: Obj) -> None:
         errors.extend(validation.validate_pod_spec(obj.get("spec")))
     elif resource is NODES:
         errors.extend(validation.validate_node_resources(obj.get("status")))
+    elif resource is PRIORITY_CLASSES:
+        errors.extend(priority.validate_priority_class(obj))
+    elif resource is BUDGETS:
+        errors.extend(budgets.validate_budget(obj))
     if errors:
         raise validation.invalid_object(resource.kind, resource.group, obj["metadata"]["name"], errors)
 
@@ -196,7 +220,12 @@ def _pod_spec_without_mutable(spec: Any) -> Any:
 
 
 def validate_update(resource: Resource, old: Obj, new: Obj) -> None:
-    """Pod specs are immutable apart from images, tolerations and deadlines; binding goes through Binding."""
+    """Pod specs are immutable apart from images, tolerations and deadlines; binding goes through Binding.
+    A PriorityClass keeps its value and preemption policy."""
+    if resource is PRIORITY_CLASSES:
+        errors = list(priority.validate_priority_class_update(old, new))
+        if errors:
+            raise validation.invalid_object(resource.kind, resource.group, new["metadata"]["name"], errors)
     if resource is PODS and _pod_spec_without_mutable(old.get("spec")) != _pod_spec_without_mutable(new.get("spec")):
         raise invalid("Pod", "", new["metadata"]["name"], "spec",
                       "Forbidden: pod updates may not change fields other than `spec.containers[*].image`, "

@@ -34,10 +34,10 @@ What it reproduces (kube-scheduler v1.35, see ../shared/REFERENCE.md section 1b)
   their resources. Pods nominated to a node with at least a pod's priority count there in its checks.
 
 What it leaves out: kube-scheduler's own scoring plugins (only the extender scores nodes), taints,
-affinity, topology spread, PodDisruptionBudgets (the local API server serves none, so every count is 0) and
-the wait of a nominated pod for its terminating victims (the local API server deletes at once). Pods that
-request no GPU are bound directly by this loop to a node that fits their CPU and memory (the least requested
-one), without the extender, unless
+affinity, topology spread and the wait of a nominated pod for its terminating victims (the local API server
+deletes at once). PodDisruptionBudgets count as in kube-scheduler, with the status a test writes (the local
+cluster runs no disruption controller). Pods that request no GPU are bound directly by this loop to a node
+that fits their CPU and memory (the least requested one), without the extender, unless
 ``extender_for_all_pods`` is set: then they go through filter, prioritize and bind as well, as with a
 kube-scheduler extender configuration that lists no ``managedResources``.
 """
@@ -70,8 +70,9 @@ from gpushare.contract import (
     host_requests,
     requests_gpu,
 )
+from gpushare.disruption import Budget, Candidate, violating
 from gpushare.kube.api import Kube, KubeError, Obj
-from gpushare.kube.convert import pod_info
+from gpushare.kube.convert import budget_info, pod_info
 from gpushare.kube.informer import Informer
 from gpushare.quantity import QuantityError, capacity_amount, to_int
 
@@ -154,6 +155,8 @@ class _Requests:
     uid: str = ""
     started: str = ""
     """When the pod started (``status.startTime``, else its creation): preemption spares the older."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """What PodDisruptionBudgets select by."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +194,7 @@ def _requests(pod: PodInfo, started: str = "") -> _Requests:
         if total:
             extended[resource] = total
     # kube-scheduler reads spec.priority alone (0 when unset); the extender's aliases are its own business.
-    return _Requests(cpu, memory, extended, pod.priority or 0, pod.uid, started)
+    return _Requests(cpu, memory, extended, pod.priority or 0, pod.uid, started, pod.labels)
 
 
 def _host_node(obj: Obj) -> _HostNode:
@@ -237,6 +240,7 @@ class SchedulerLoop:
                  percentage_of_nodes_to_score: int = 0, tls: ssl.SSLContext | None = None) -> None:
         self._kube = Kube.from_api_client(api_client)
         self._core = client.CoreV1Api(api_client)
+        self._policy = client.PolicyV1Api(api_client)
         self._url = extender_url.rstrip("/") if extender_url is not None else None
         self.weight = weight
         self.node_cache_capable = node_cache_capable
@@ -433,7 +437,7 @@ class SchedulerLoop:
         with kube-scheduler's preemption sentence when nothing could be preempted."""
         if pod.preemption_policy == "Never":
             return f"{message} preemption: not eligible due to preemptionPolicy=Never."
-        candidates = self._dry_run(_pod_key(obj), requests, unresolvable)
+        candidates = self._dry_run(_pod_key(obj), requests, unresolvable, self._budgets())
         if candidates and self._url is not None and (wants_gpu or self.extender_for_all_pods):
             candidates, error = self._extender_preempt(obj, candidates)
             if error:
@@ -447,8 +451,20 @@ class SchedulerLoop:
         error = self._prepare(obj, _pick_one(candidates), requests.priority)
         return f"{message} preemption: {error}" if error else message
 
-    def _dry_run(self, key: str, requests: _Requests, unresolvable: set[str]) -> list[_Candidate]:
-        """``SelectVictimsOnNode`` on each node that eviction could help, up to kube-scheduler's candidate count."""
+    def _budgets(self) -> list[Budget]:
+        """The PodDisruptionBudgets, read once per preemption as kube-scheduler reads its lister."""
+        try:
+            listed: Any = self._policy.list_pod_disruption_budget_for_all_namespaces(_preload_content=False)
+        except ApiException:
+            return []
+        return [budget_info(o) for o in orjson.loads(listed.data).get("items") or []]
+
+    def _dry_run(self, key: str, requests: _Requests, unresolvable: set[str],
+                 budgets: list[Budget]) -> list[_Candidate]:
+        """``SelectVictimsOnNode`` on each node that eviction could help, up to kube-scheduler's candidate count.
+
+        Victims that would violate a PodDisruptionBudget are reprieved first, and those that remain are counted.
+        """
         with self._lock:
             order = self._node_order
             wanted = min(max(len(order) * MIN_CANDIDATE_NODES_PERCENTAGE // 100, MIN_CANDIDATE_NODES_ABSOLUTE),
@@ -467,15 +483,23 @@ class SchedulerLoop:
                     used = _shifted(used, r, -1)
                 if self._misfit(node, requests, used) is not None:
                     continue  # even without every lower-priority pod the pod does not fit
+                flags = violating([Candidate(*k.split("/", 1), r.labels) for k, r in lower], budgets)
                 victims: list[tuple[str, _Requests]] = []
-                for k, r in lower:  # reprieve the most important first, as long as the pod still fits
-                    kept = _shifted(used, r, 1)
-                    if self._misfit(node, requests, kept) is None:
-                        used = kept
-                    else:
-                        victims.append((k, r))
+                violations = 0
+                # Reprieve the violating pods first, then the others, most important first, while the pod fits.
+                for pass_violators in (True, False):
+                    for (k, r), flag in zip(lower, flags, strict=True):
+                        if flag is not pass_violators:
+                            continue
+                        kept = _shifted(used, r, 1)
+                        if self._misfit(node, requests, kept) is None:
+                            used = kept
+                        else:
+                            victims.append((k, r))
+                            violations += flag
                 if victims:  # a node that needs no victim is no candidate (kube-scheduler: "expected at least one")
-                    candidates.append(_Candidate(name, victims))
+                    victims.sort(key=_importance)
+                    candidates.append(_Candidate(name, victims, violations))
         return candidates
 
     def _extender_preempt(self, obj: Obj, candidates: list[_Candidate]) -> tuple[list[_Candidate], str]:

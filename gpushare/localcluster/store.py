@@ -35,6 +35,7 @@ from gpushare.localcluster.errors import (
     method_not_allowed,
     not_found,
 )
+from gpushare.localcluster.priority import system_classes
 from gpushare.localcluster.resources import NAMESPACES, PODS, Obj, Resource
 from gpushare.localcluster.selectors import Selector
 
@@ -223,6 +224,8 @@ class Store:
         self._collections = {r: Collection(r, event_window, self.version) for r in kinds.RESOURCES}
         for name in kinds.INITIAL_NAMESPACES:
             self.create(NAMESPACES, None, {"metadata": {"name": name}})
+        for pc in system_classes():
+            self.create(kinds.PRIORITY_CLASSES, None, pc)
 
     # -- reads -------------------------------------------------------------------------------------------------
 
@@ -351,6 +354,7 @@ class Store:
         kinds.decode(resource, obj)
         kinds.apply_defaults(resource, obj)
         kinds.prepare_create(resource, obj)
+        kinds.admit(resource, obj, lambda: list(self._collections[kinds.PRIORITY_CLASSES].objects.values()))
         kinds.validate(resource, obj)
         return self._commit(resource, "ADDED", obj, None)
 

@@ -10,7 +10,18 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from gpushare.localcluster.resources import CONFIGMAPS, EVENTS, LEASES, NAMESPACES, NODES, PODS, Obj, Resource
+from gpushare.localcluster.resources import (
+    BUDGETS,
+    CONFIGMAPS,
+    EVENTS,
+    LEASES,
+    NAMESPACES,
+    NODES,
+    PODS,
+    PRIORITY_CLASSES,
+    Obj,
+    Resource,
+)
 
 TABLE_CONTENT_TYPE = b"application/json;as=Table;v=v1;g=meta.k8s.io"
 
@@ -136,6 +147,12 @@ COLUMNS: dict[Resource, tuple[Column, ...]] = {
              ("Reason", "string", 0, _field("reason", default="")), ("Object", "string", 0, _event_object),
              ("Message", "string", 0, _field("message", default=""))),
     LEASES: (NAME, ("Holder", "string", 0, _field("spec", "holderIdentity", default="")), AGE),
+    PRIORITY_CLASSES: (NAME, ("Value", "integer", 0, _field("value", default="")),
+                       ("Global-Default", "boolean", 0, lambda o, n: bool(o.get("globalDefault"))), AGE,
+                       ("PreemptionPolicy", "string", 0, _field("preemptionPolicy", default=""))),
+    BUDGETS: (NAME, ("Min Available", "string", 0, _field("spec", "minAvailable", default="N/A")),
+              ("Max Unavailable", "string", 0, _field("spec", "maxUnavailable", default="N/A")),
+              ("Allowed Disruptions", "integer", 0, _field("status", "disruptionsAllowed", default="0")), AGE),
 }
 
 
