@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -38,3 +39,21 @@ def test_a_component_that_dies_is_reported_with_the_end_of_its_log(tmp_path: Pat
     assert f"last lines of {tmp_path / 'extender.log'}" in message
     assert "Unknown placement policy 'bogus'" in message
     assert time.monotonic() - started < 30
+
+
+def test_the_demo_runs_end_to_end_with_a_preemption(tmp_path: Path) -> None:
+    result = subprocess.run([str(GPUSHARE), "demo", "--workdir", str(tmp_path / "demo")], capture_output=True,
+                            text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    out = result.stdout
+    landed = out.split("Where each pod landed:")[1].split("What each container received")[0]
+    rows = {line.split()[0]: line.split() for line in landed.splitlines()[3:] if line.strip() and line[0] != " "}
+    assert rows["llm-2gpu"][1:4] == ["gpu-node-b", "0,1", "120"]
+    assert rows["too-big"][1] == "-"
+    assert "CUDA_DEVICE_MEMORY_LIMIT_0=61440m" in out
+    act = out.split("Preemption:")[1]
+    # The only lower-priority pod whose eviction frees a whole A100 alone is llm-2gpu (priority 0, two GPUs).
+    preempted = [line.split()[0] for line in act.splitlines() if " Preempted " in line]
+    assert preempted == ["llm-2gpu"]
+    assert re.search(r"urgent-finetune\s+Running\s+on gpu-node-b, GPU\(s\) [0-3], 80 GiB", act)
+    assert "kubectl inspect gpushare" in act

@@ -2,7 +2,10 @@
 
 It starts the local API server, one device plugin process and one simulated kubelet per node, the extender
 process and the scheduler loop; submits a mixed set of pods; then prints where each landed, the environment
-each container received, and ``kubectl inspect gpushare`` (plain and ``-d``).
+each container received, and ``kubectl inspect gpushare`` (plain and ``-d``). A second act fills the A100s
+with batch pods of a low PriorityClass and submits an urgent one of a high class that fits nowhere: the
+scheduler loop's preemption asks the extender which pods to evict, and the demo shows who was preempted and
+where the urgent pod ran.
 """
 
 from __future__ import annotations
@@ -53,19 +56,20 @@ def demo_cluster() -> ClusterSpec:
     ])
 
 
+def _pod(name: str, containers: dict[str, int], annotations: dict[str, str] | None = None,
+         cpu: str = "1") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "annotations": annotations or {}},
+            "spec": {"containers": [
+                {"name": c, "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+                 "resources": {"limits": {contract.RESOURCE_GPU_MEM: str(units)} if units else {},
+                               "requests": {"cpu": cpu, "memory": "1Gi"}}}
+                for c, units in containers.items()]}}
+
+
 def demo_pods() -> list[dict[str, Any]]:
     """A mixed workload: shares, several containers, several GPUs, model choice, exclusivity, mistakes."""
-
-    def pod(name: str, containers: dict[str, int], annotations: dict[str, str] | None = None,
-            cpu: str = "1") -> dict[str, Any]:
-        return {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": "default", "annotations": annotations or {}},
-                "spec": {"containers": [
-                    {"name": c, "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
-                     "resources": {"limits": {contract.RESOURCE_GPU_MEM: str(units)} if units else {},
-                                   "requests": {"cpu": cpu, "memory": "1Gi"}}}
-                    for c, units in containers.items()]}}
-
+    pod = _pod
     return [
         pod("notebook-1", {"jupyter": 4}),
         pod("notebook-2", {"jupyter": 4}),
@@ -79,6 +83,28 @@ def demo_pods() -> list[dict[str, Any]]:
         pod("too-big", {"giant": 200}),
         pod("cpu-only", {"web": 0}),
     ]
+
+
+BATCH_CLASS, URGENT_CLASS = "demo-batch", "demo-urgent"
+
+
+def priority_classes() -> list[dict[str, Any]]:
+    return [{"metadata": {"name": BATCH_CLASS}, "value": 100, "description": "batch work that may be preempted"},
+            {"metadata": {"name": URGENT_CLASS}, "value": 10000, "description": "work that preempts batch"}]
+
+
+def preemption_pods() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Batch pods that leave no A100 with 80 GiB free (60 + 60 + 20 next to llm-2gpu's 2 x 60), then an urgent
+    pod that needs a whole A100: only evicting pods of lower priority makes room for it."""
+    a100 = {contract.ANN_GPU_MODEL: "NVIDIA-A100-SXM4-80GB"}
+    batch = [_with_class(_pod(name, {"job": units}, a100), BATCH_CLASS)
+             for name, units in (("batch-a", 60), ("batch-b", 60), ("batch-c", 20))]
+    return batch, _with_class(_pod("urgent-finetune", {"trainer": 80}, a100), URGENT_CLASS)
+
+
+def _with_class(manifest: dict[str, Any], priority_class: str) -> dict[str, Any]:
+    manifest["spec"]["priorityClassName"] = priority_class
+    return manifest
 
 
 def _free_port() -> int:
@@ -182,6 +208,39 @@ def run_demo(workdir: Path, policy: str) -> None:
         _report(core, kubelets)
         print(_inspect(kubeconfig))
         print(_inspect(kubeconfig, "-d"))
+        _act_preemption(api, core, components)
+        print(_inspect(kubeconfig, "-d"))
+
+
+def _act_preemption(api: client.ApiClient, core: Any, components: Components) -> None:
+    scheduling: Any = client.SchedulingV1Api(api)
+    for body in priority_classes():
+        scheduling.create_priority_class(body)
+    batch, urgent = preemption_pods()
+    for manifest in batch:
+        core.create_namespaced_pod("default", manifest)
+    names = [m["metadata"]["name"] for m in batch]
+    _wait("the batch pods to run", lambda: all(_phase(core, n) == "Running" for n in names), components)
+    name = urgent["metadata"]["name"]
+    print(f"Preemption: {', '.join(names)} run with PriorityClass {BATCH_CLASS} (100) beside the pods above "
+          f"(priority 0); {name} (PriorityClass {URGENT_CLASS}, 10000) asks for a whole A100, which no GPU has "
+          "free.\n")
+    core.create_namespaced_pod("default", urgent)
+    _wait(f"{name} to run", lambda: _phase(core, name) == "Running", components, timeout_s=90)
+    events = core.list_namespaced_event("default").items
+    rows = [[e.involved_object.name, e.reason, e.message] for e in events
+            if e.reason in ("Preempted", "FailedScheduling") and (e.reason == "Preempted" or e.involved_object.name
+                                                                  == name)]
+    pod = core.read_namespaced_pod(name, "default")
+    ann = pod.metadata.annotations or {}
+    rows.append([name, "Running", f"on {pod.spec.node_name}, GPU(s) {ann.get(contract.ANN_GPU_INDICES, '-')}, "
+                 f"{ann.get(contract.ANN_POD, '-')} GiB"])
+    print(tabulate(rows, headers=["POD", "WHAT", "MESSAGE"], maxcolwidths=[None, None, 90]))
+    print()
+
+
+def _phase(core: Any, name: str) -> str:
+    return str(core.read_namespaced_pod(name, "default").status.phase)
 
 
 def _failures(core: Any) -> dict[str, str]:
