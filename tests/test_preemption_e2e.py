@@ -245,18 +245,21 @@ def _answer(extender: str, proposed_uid: str, name: str) -> Any:
     return answer.json()
 
 
-def test_preemption_spares_pods_a_disruption_budget_protects(cluster: LocalCluster, extender: str,
-                                                             core: client.CoreV1Api) -> None:
-    # Two equally good single victims on "two-t4"; the budget over "a-serving" allows no disruption, so the
-    # extender takes "b-batch" (without the budget, names break the tie: "a-serving" would go).
+def guarded_pair(cluster: LocalCluster, extender: str, core: client.CoreV1Api) -> None:
+    """Two equally good single victims on "two-t4"; a budget over "a-serving" allows no disruption, so the
+    extender takes "b-batch" (without the budget, names break the tie: "a-serving" would go)."""
     running(core, "a-serving", "two-t4", (0,), 15, 1, labels={"app": "serving"})
     running(core, "b-batch", "two-t4", (1,), 15, 1, labels={"app": "batch"})
     running(core, "mixed-t4", "mixed", (0,), 15, 100)
     running(core, "mixed-v100", "mixed", (1,), 32, 100)
     budget(cluster, "serving", "serving", 0)
     batch = read_pod(core, "b-batch")["metadata"]["uid"]
-    wait_for(lambda: _on_two_t4(extender, "none").get("Pods") == [{"UID": batch}],
-             "the extender to see the budget")
+    wait_for(lambda: _on_two_t4(extender, "none").get("Pods") == [{"UID": batch}], "the extender to see the budget")
+
+
+def test_preemption_spares_pods_a_disruption_budget_protects(cluster: LocalCluster, extender: str,
+                                                             core: client.CoreV1Api) -> None:
+    guarded_pair(cluster, extender, core)
     create_pod(core, with_priority(pod_body("urgent", 8), 10))
     with SchedulerLoop(cluster.api_client(), extender, seed=1) as loop:
         schedule_after_preemption(loop, core, "urgent", {"a-serving", "mixed-t4", "mixed-v100"})
@@ -264,14 +267,13 @@ def test_preemption_spares_pods_a_disruption_budget_protects(cluster: LocalClust
 
 def test_a_budget_that_allows_a_disruption_is_no_obstacle(cluster: LocalCluster, extender: str,
                                                           core: client.CoreV1Api) -> None:
-    running(core, "a-serving", "two-t4", (0,), 15, 1, labels={"app": "serving"})
-    running(core, "b-batch", "two-t4", (1,), 15, 1, labels={"app": "batch"})
-    running(core, "mixed-t4", "mixed", (0,), 15, 100)
-    running(core, "mixed-v100", "mixed", (1,), 32, 100)
-    budget(cluster, "serving", "serving", 1)
-    budget(cluster, "marker", "none", 0)
-    # Once the extender has seen the second budget it has seen the first.
-    wait_for(lambda: _on_two_t4(extender, "none").get("NumPDBViolations") == 0, "the extender to see the budgets")
+    guarded_pair(cluster, extender, core)
+    # The disruption controller now allows one: the watch brings the change, and the names decide again.
+    client.PolicyV1Api(cluster.api_client()).patch_namespaced_pod_disruption_budget_status(
+        "serving", "default", {"status": {"disruptionsAllowed": 1}})
+    serving = read_pod(core, "a-serving")["metadata"]["uid"]
+    wait_for(lambda: _on_two_t4(extender, "none").get("Pods") == [{"UID": serving}],
+             "the extender to see the budget's new status")
     create_pod(core, with_priority(pod_body("urgent", 8), 10))
     with SchedulerLoop(cluster.api_client(), extender, seed=1) as loop:
         schedule_after_preemption(loop, core, "urgent", {"b-batch", "mixed-t4", "mixed-v100"})
