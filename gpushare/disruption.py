@@ -97,6 +97,12 @@ class Candidate:
     name: str
     labels: Mapping[str, str]
 
+    @classmethod
+    def of(cls, key: str, labels: Mapping[str, str]) -> Candidate:
+        """The candidate for a pod key ``namespace/name``."""
+        namespace, _, name = key.partition("/")
+        return cls(namespace, name, labels)
+
 
 def violating(victims: Sequence[Candidate], budgets: Iterable[Budget]) -> list[bool]:
     """For each victim, in the order given (most important first), whether evicting it violates a budget."""

@@ -59,10 +59,6 @@ class Budgets:
         """The violations of evicting ``chosen`` (most important first), by kube-scheduler's rule."""
         with self._lock:
             budgets = list(self._budgets.values())
-            candidates = [Candidate(*_split(key), self._labels.get(key, {})) for key, _ in chosen]
+            candidates = [Candidate.of(key, self._labels.get(key, {})) for key, _ in chosen]
         return count_violations(candidates, budgets)
 
-
-def _split(key: str) -> tuple[str, str]:
-    namespace, _, name = key.partition("/")
-    return namespace, name

@@ -483,7 +483,7 @@ class SchedulerLoop:
                     used = _shifted(used, r, -1)
                 if self._misfit(node, requests, used) is not None:
                     continue  # even without every lower-priority pod the pod does not fit
-                flags = violating([Candidate(*k.split("/", 1), r.labels) for k, r in lower], budgets)
+                flags = violating([Candidate.of(k, r.labels) for k, r in lower], budgets)
                 victims: list[tuple[str, _Requests]] = []
                 violations = 0
                 # Reprieve the violating pods first, then the others, most important first, while the pod fits.
