@@ -4,7 +4,8 @@ kube-scheduler's own preemption dry run counts ``aliyun.com/gpu-mem`` per node, 
 pods whose memory lies on GPUs the preemptor cannot use, or too few on the GPU it can. Its preempt call asks
 the extender which victims it agrees with on each candidate node; ``find_victims`` answers with the best set
 by the rules that decide what fits everywhere else (``GPU.can_host``, ``Node.fits``), so model, count and
-exclusivity constraints, compute shares, multi-GPU victims and the node's CPU and memory all count.
+exclusivity constraints, compute shares, sharing rules (affinity, anti-affinity, exclusion), multi-GPU victims
+and the node's CPU and memory all count: a victim set is one after which the pod is placeable by those rules.
 
 "Best" follows kube-scheduler's own taste for a node's victims: fewest pods, then the lowest highest priority
 among them, then the lowest sum of priorities, then the fewest PodDisruptionBudget violations. The extender
@@ -16,11 +17,11 @@ pods kube-scheduler judged; a pod kube-scheduler left alone counts as violating 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import combinations
 
 from gpushare.contract import PodRequest
-from gpushare.model import Node, Placement
+from gpushare.model import Node, Placement, copy_gpu
 
 # Victim sets checked exactly per node before falling back to kube-scheduler's own reprieve order. Small nodes
 # (a handful of pods on the GPUs the pod can use) are searched exhaustively well within it.
@@ -66,7 +67,7 @@ def hold(node: Node, held: Iterable[Held]) -> Node:
                            key=lambda g: (g.used - g.total, g.index))
         placement = Placement(tuple(g.index for g in hosts[:request.gpu_count]), request.per_gpu,
                               request.compute_percent, request.exclusive, request.cpu_milli, request.memory_mib,
-                              request.priority)
+                              request.priority, sharing=request.sharing)
         scratch.add(item.key, placement)
     return scratch
 
@@ -151,7 +152,7 @@ def _result(chosen: list[tuple[str, Placement]], kube: frozenset[str], kube_viol
 
 
 def _copy(node: Node) -> Node:
-    return Node(name=node.name, gpus=[replace(g) for g in node.gpus], cpu_milli=node.cpu_milli,
+    return Node(name=node.name, gpus=[copy_gpu(g) for g in node.gpus], cpu_milli=node.cpu_milli,
                 memory_mib=node.memory_mib, cpu_used=node.cpu_used, memory_used=node.memory_used,
                 placements=dict(node.placements), unit=node.unit, defect=node.defect)
 

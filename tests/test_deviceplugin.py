@@ -231,7 +231,7 @@ def test_split_evenly() -> None:
 
 
 GRANT = ContainerGrant(gpu_indices=(1, 3), gpu_uuids=("GPU-b", "GPU-d"), container_units=8, pod_units=8,
-                       gpu_units=40, limit_mib=(4096, 4096), compute_percent=30)
+                       gpu_units=40, limit_mib=(4096, 4096), compute_limit=30)
 
 
 def test_every_mode_sets_aliyuns_variables() -> None:
