@@ -86,8 +86,12 @@ def find_victims(node: Node, request: PodRequest, kube_victims: Collection[str] 
     base = hold(node, held) if held else node
     if base.fits(request):
         return None
+    # Members of the affinity group the pod must join are never victims: evicting them can only take away the
+    # GPUs it may use. Without them, evicting more never hurts, which the search below relies on.
+    joining = request.sharing.affinity if request.affinity_held else ""
     candidates = [(key, p) for key, p in base.placements.items()
-                  if p.uid and p.priority < request.priority and not _is_held(key, held)]
+                  if p.uid and p.priority < request.priority and not _is_held(key, held)
+                  and not (joining and p.sharing.affinity == joining)]
     if not _fits_without(base, request, [k for k, _ in candidates]):
         return None
     relevant = _relevant(base, request, candidates)
