@@ -10,7 +10,17 @@ import httpx
 import orjson
 import pytest
 from kubernetes import client
-from test_extender_harness import T4, T4_MIB, create_pod, gpu_node, pod_body, read_pod, running_extender, spec
+from test_extender_harness import (
+    T4,
+    T4_MIB,
+    create_pod,
+    gpu_node,
+    pod_body,
+    read_pod,
+    running_extender,
+    spec,
+    wait_for,
+)
 
 from extender.config import ExtenderConfig
 from gpushare.contract import (
@@ -20,6 +30,8 @@ from gpushare.contract import (
     ANN_GPU_INDICES,
     KUBESHARE_AFFINITY,
     KUBESHARE_EXCLUSION,
+    Assignment,
+    MemoryUnit,
 )
 from gpushare.localcluster import LocalCluster
 from gpushare.localcluster.scheduler import SchedulerLoop
@@ -114,3 +126,45 @@ def test_malformed_sharing_values_answer_filter_with_the_sentence(cluster: Local
     assert answer.json()["Error"] == (
         f"Pod default/bad has {ANN_ANTI_AFFINITY}='not a value'; use 1 to 63 letters, digits, '-', '_' or '.', "
         "starting and ending with a letter or digit (a Kubernetes label value).")
+
+
+def running(core: client.CoreV1Api, name: str, node: str, gpu: int, units: int, priority: int,
+            annotations: dict[str, str] | None = None) -> str:
+    """A pod already placed by gpushare on one GPU, as after a bind; its UID."""
+    assignment = Assignment(gpu_indices=(gpu,), total=units, gpu_memory=15, assume_time_ns=1, unit=MemoryUnit.GiB,
+                            assigned=True)
+    body = pod_body(name, units, node=node, annotations=annotations, extra_annotations=assignment.annotations())
+    body["spec"]["priority"] = priority
+    return str(create_pod(core, body)["metadata"]["uid"])
+
+
+def test_preempt_answers_with_the_victims_the_sharing_rules_need(cluster: LocalCluster, extender: str,
+                                                                 core: client.CoreV1Api) -> None:
+    uids = {
+        "x-low": running(core, "x-low", "left", 0, 4, 1, {ANN_EXCLUSION: "x"}),
+        "plain-low": running(core, "plain-low", "left", 1, 14, 2),
+        "red-high": running(core, "red-high", "right", 0, 8, 50, {ANN_AFFINITY: "red"}),
+        "filler": running(core, "filler", "right", 0, 7, 3),
+        "full": running(core, "full", "right", 1, 15, 100),
+    }
+    wait_for(lambda: sum(len(d["pods"]) for n in httpx.get(extender + "/inspect").json()["nodes"]
+                         for d in n["devs"]) == len(uids), "the extender to see every pod")
+
+    def preempt(pod: dict[str, Any]) -> dict[str, list[str]]:
+        # kube-scheduler's own dry run counts memory per node: it would evict plain-low on left, filler on right.
+        victims = {"left": {"Pods": [{"UID": uids["plain-low"]}], "NumPDBViolations": 0},
+                   "right": {"Pods": [{"UID": uids["filler"]}], "NumPDBViolations": 0}}
+        answer = httpx.post(extender + "/preempt",
+                            content=orjson.dumps({"Pod": pod, "NodeNameToMetaVictims": victims}))
+        assert answer.status_code == 200
+        found = answer.json()["NodeNameToMetaVictims"]
+        return {node: [p["UID"] for p in chosen["Pods"]] for node, chosen in found.items()}
+
+    # A plain pod: left's GPU 0 has 11 units free, but only for pods of exclusion x; its one pod of priority 1 goes.
+    plain = make(core, "plain", 8)
+    plain["spec"]["priority"] = 10
+    assert preempt(plain) == {"left": [uids["x-low"]]}
+    # A pod of red must join red's GPU on right: the filler goes, never red-high, and left is no candidate.
+    red = make(core, "red", 6, {ANN_AFFINITY: "red"})
+    red["spec"]["priority"] = 10
+    assert preempt(red) == {"right": [uids["filler"]]}
