@@ -419,6 +419,8 @@ def sharing_rules(pod: PodInfo) -> Sharing:
     """The pod's affinity, anti-affinity and exclusion values (an empty value is none); ``RequestError`` names a
     malformed one."""
     affinity, anti_affinity, exclusion = (_sharing_value(pod, ours, alias) for ours, alias in _SHARING_NAMES)
+    if not (affinity or anti_affinity or exclusion):
+        return NO_SHARING  # the one instance GPU.can_host tells apart by identity
     return Sharing(affinity, anti_affinity, exclusion)
 
 

@@ -72,8 +72,9 @@ class GPU:
     def can_host(self, request: PodRequest) -> bool:
         if not self.healthy or self.exclusive or not request.models.accepts(self.model):
             return False
-        # Plain pods on GPUs without exclusion values (nearly every call) skip the sharing rules.
-        if (self.exclusion or request.sharing.constrained) and self.sharing_conflict(request) is not None:
+        # Plain pods on GPUs without exclusion values (nearly every call) skip the sharing rules: an identity test,
+        # since parsing gives every pod without values the one NO_SHARING (any other empty Sharing is merely slower).
+        if (self.exclusion or request.sharing is not NO_SHARING) and self.sharing_conflict(request) is not None:
             return False
         return self.has_room(request)
 
