@@ -40,6 +40,7 @@ from gpushare.contract import (
     sharing_rules,
 )
 from gpushare.model import GPU, Node, Placement, state_signature
+from gpushare.policies.registry import make_policy, policy_names
 from gpushare.policies.simple import Binpack
 from gpushare.preemption import find_victims
 
@@ -318,11 +319,11 @@ def check_cluster(nodes: list[Node]) -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(SHAPES, min_size=1, max_size=30))
+@given(st.lists(SHAPES, min_size=1, max_size=30), st.sampled_from(policy_names()))
 def test_placing_and_preempting_never_overcommits_nor_evicts_an_equal_or_higher_priority(
-        pods: list[tuple[int, int, int, int, bool, str, str, str]]) -> None:
+        pods: list[tuple[int, int, int, int, bool, str, str, str]], policy_name: str) -> None:
     nodes = [Node(f"n{i}", gpus(2)) for i in range(2)]
-    binpack = Binpack()
+    policy = make_policy(policy_name)
     for number, (priority, per_gpu, count, compute, exclusive, affinity, anti, exclusion) in enumerate(pods):
         key = f"p{number}"
         sharing = Sharing("" if exclusive else affinity, anti, exclusion)
@@ -343,7 +344,7 @@ def test_placing_and_preempting_never_overcommits_nor_evicts_an_equal_or_higher_
                 target = node
                 break
         if target is not None:
-            candidate = binpack.evaluate(target, request)
+            candidate = policy.evaluate(target, request)
             assert candidate is not None
             if held:  # the group's later pods only join GPUs it already holds
                 assert all(sharing.affinity in g.affinity for i in candidate.gpus if (g := target.gpu(i)))
