@@ -7,7 +7,7 @@ hand them to the policies, so one set of rules decides what fits everywhere.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from gpushare.contract import (
     ANN_AFFINITY,
@@ -57,10 +57,11 @@ class GPU:
     links: Mapping[int, int] = field(default_factory=dict)
     uuid: str = ""
     # How many of the pods on this GPU carry each sharing value (``contract.Sharing``); counts, so that a pod
-    # leaving takes its value away only when it was the last to carry it.
-    affinity: dict[str, int] = field(default_factory=dict)
-    anti_affinity: dict[str, int] = field(default_factory=dict)
-    exclusion: dict[str, int] = field(default_factory=dict)
+    # leaving takes its value away only when it was the last to carry it. Each change assigns a new mapping and
+    # never edits one in place, so a shallow copy of the GPU (``dataclasses.replace``) keeps counts of its own.
+    affinity: Mapping[str, int] = field(default_factory=dict)
+    anti_affinity: Mapping[str, int] = field(default_factory=dict)
+    exclusion: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def free(self) -> int:
@@ -261,20 +262,23 @@ def state_signature(node: Node) -> Hashable:
 
 
 def _count_sharing(gpu: GPU, sharing: Sharing, step: int) -> None:
-    for counts, value in ((gpu.affinity, sharing.affinity), (gpu.anti_affinity, sharing.anti_affinity),
-                          (gpu.exclusion, sharing.exclusion)):
-        if value:
-            left = counts.get(value, 0) + step
-            if left > 0:
-                counts[value] = left
-            else:
-                counts.pop(value, None)
+    if sharing.affinity:
+        gpu.affinity = _counted(gpu.affinity, sharing.affinity, step)
+    if sharing.anti_affinity:
+        gpu.anti_affinity = _counted(gpu.anti_affinity, sharing.anti_affinity, step)
+    if sharing.exclusion:
+        gpu.exclusion = _counted(gpu.exclusion, sharing.exclusion, step)
 
 
-def copy_gpu(gpu: GPU) -> GPU:
-    """A copy whose counts can change without touching ``gpu``'s."""
-    return replace(gpu, affinity=dict(gpu.affinity), anti_affinity=dict(gpu.anti_affinity),
-                   exclusion=dict(gpu.exclusion))
+def _counted(counts: Mapping[str, int], value: str, step: int) -> dict[str, int]:
+    """A new mapping with ``value`` counted ``step`` more times (dropped at 0)."""
+    out = dict(counts)
+    left = out.get(value, 0) + step
+    if left > 0:
+        out[value] = left
+    else:
+        out.pop(value, None)
+    return out
 
 
 def _gpus_from_capacity(node: NodeInfo, model: str) -> list[GPU]:

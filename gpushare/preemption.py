@@ -17,11 +17,11 @@ pods kube-scheduler judged; a pod kube-scheduler left alone counts as violating 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations
 
 from gpushare.contract import PodRequest
-from gpushare.model import Node, Placement, copy_gpu
+from gpushare.model import Node, Placement
 
 # Victim sets checked exactly per node before falling back to kube-scheduler's own reprieve order. Small nodes
 # (a handful of pods on the GPUs the pod can use) are searched exhaustively well within it.
@@ -156,7 +156,7 @@ def _result(chosen: list[tuple[str, Placement]], kube: frozenset[str], kube_viol
 
 
 def _copy(node: Node) -> Node:
-    return Node(name=node.name, gpus=[copy_gpu(g) for g in node.gpus], cpu_milli=node.cpu_milli,
+    return Node(name=node.name, gpus=[replace(g) for g in node.gpus], cpu_milli=node.cpu_milli,
                 memory_mib=node.memory_mib, cpu_used=node.cpu_used, memory_used=node.memory_used,
                 placements=dict(node.placements), unit=node.unit, defect=node.defect)
 

@@ -267,6 +267,7 @@ def test_victims_clear_a_sharing_conflict_where_memory_alone_would_fit() -> None
     plain = PodRequest(per_gpu=4, priority=10)
     found = find_victims(node, plain)
     assert found is not None and [v.key for v in found.victims] == ["x-low"]
+    assert node.gpus[0].exclusion == {"x": 1}  # the search's scratch copies left the node's counts alone
     solo = PodRequest(per_gpu=4, priority=10, sharing=Sharing(anti_affinity="solo"))
     put(node, "solo-low", (0,), priority=2, sharing=Sharing(anti_affinity="solo", exclusion="x"))
     found = find_victims(node, replace(solo, sharing=Sharing(anti_affinity="solo", exclusion="x")))
