@@ -128,43 +128,43 @@ def test_malformed_sharing_values_answer_filter_with_the_sentence(cluster: Local
         "starting and ending with a letter or digit (a Kubernetes label value).")
 
 
-def running(core: client.CoreV1Api, name: str, node: str, gpu: int, units: int, priority: int,
+def running(core: client.CoreV1Api, name: str, node: str, gpu: int, units: int,
             annotations: dict[str, str] | None = None) -> str:
-    """A pod already placed by gpushare on one GPU, as after a bind; its UID."""
+    """A pod of the default priority (0) already placed by gpushare on one GPU, as after a bind; its UID."""
     assignment = Assignment(gpu_indices=(gpu,), total=units, gpu_memory=15, assume_time_ns=1, unit=MemoryUnit.GiB,
                             assigned=True)
     body = pod_body(name, units, node=node, annotations=annotations, extra_annotations=assignment.annotations())
-    body["spec"]["priority"] = priority
     return str(create_pod(core, body)["metadata"]["uid"])
 
 
 def test_preempt_answers_with_the_victims_the_sharing_rules_need(cluster: LocalCluster, extender: str,
                                                                  core: client.CoreV1Api) -> None:
     uids = {
-        "x-low": running(core, "x-low", "left", 0, 4, 1, {ANN_EXCLUSION: "x"}),
-        "plain-low": running(core, "plain-low", "left", 1, 14, 2),
-        "red-high": running(core, "red-high", "right", 0, 8, 50, {ANN_AFFINITY: "red"}),
-        "filler": running(core, "filler", "right", 0, 7, 3),
-        "full": running(core, "full", "right", 1, 15, 100),
+        "x-pod": running(core, "x-pod", "left", 0, 4, {ANN_EXCLUSION: "x"}),
+        "plain-a": running(core, "plain-a", "left", 1, 5),
+        "plain-b": running(core, "plain-b", "left", 1, 5),
+        "plain-c": running(core, "plain-c", "left", 1, 4),
+        "red-a": running(core, "red-a", "right", 0, 8, {ANN_AFFINITY: "red"}),
+        "filler": running(core, "filler", "right", 0, 7),
+        "full": running(core, "full", "right", 1, 15),
     }
     wait_for(lambda: sum(len(d["pods"]) for n in httpx.get(extender + "/inspect").json()["nodes"]
                          for d in n["devs"]) == len(uids), "the extender to see every pod")
 
-    def preempt(pod: dict[str, Any]) -> dict[str, list[str]]:
-        # kube-scheduler's own dry run counts memory per node: it would evict plain-low on left, filler on right.
-        victims = {"left": {"Pods": [{"UID": uids["plain-low"]}], "NumPDBViolations": 0},
-                   "right": {"Pods": [{"UID": uids["filler"]}], "NumPDBViolations": 0}}
+    def preempt(name: str, units: int, annotations: dict[str, str] | None = None) -> dict[str, list[str]]:
+        pod = make(core, name, units, annotations)
+        pod["spec"]["priority"] = 10  # as admission sets it from a PriorityClass; the pods above have 0
+        # kube-scheduler's own dry run counts memory per node: say it proposed plain-a on left, full on right.
+        victims = {"left": {"Pods": [{"UID": uids["plain-a"]}], "NumPDBViolations": 0},
+                   "right": {"Pods": [{"UID": uids["full"]}], "NumPDBViolations": 0}}
         answer = httpx.post(extender + "/preempt",
                             content=orjson.dumps({"Pod": pod, "NodeNameToMetaVictims": victims}))
         assert answer.status_code == 200
         found = answer.json()["NodeNameToMetaVictims"]
         return {node: [p["UID"] for p in chosen["Pods"]] for node, chosen in found.items()}
 
-    # A plain pod: left's GPU 0 has 11 units free, but only for pods of exclusion x; its one pod of priority 1 goes.
-    plain = make(core, "plain", 8)
-    plain["spec"]["priority"] = 10
-    assert preempt(plain) == {"left": [uids["x-low"]]}
-    # A pod of red must join red's GPU on right: the filler goes, never red-high, and left is no candidate.
-    red = make(core, "red", 6, {ANN_AFFINITY: "red"})
-    red["spec"]["priority"] = 10
-    assert preempt(red) == {"right": [uids["filler"]]}
+    # A plain pod of 8: left's GPU 0 has 11 units free, but only for pods of exclusion x: evicting its one pod
+    # beats two of GPU 1's three. On right, room for 8 means evicting full, whose GPU the pod may then take.
+    assert preempt("plain", 8) == {"left": [uids["x-pod"]], "right": [uids["full"]]}
+    # A pod of red must join red's GPU on right: filler goes, never red-a; left, without red, is no candidate.
+    assert preempt("red", 6, {ANN_AFFINITY: "red"}) == {"right": [uids["filler"]]}
