@@ -209,7 +209,7 @@ class Allocator:
         return ContainerGrant(gpu_indices=match.gpus, gpu_uuids=tuple(g.uuid for g in gpus),
                               container_units=match.units, pod_units=pod_units,
                               gpu_units=unit.from_mib(gpus[0].memory_mib), limit_mib=tuple(limits),
-                              compute_percent=assignment.compute_percent)
+                              compute_limit=assignment.compute_limit)
 
 
 def moved_to(assignment: Assignment, inventory: Inventory, gpus: tuple[int, ...]) -> Assignment:

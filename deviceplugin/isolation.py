@@ -3,9 +3,13 @@
 * ``none``: the GPU(s) and Aliyun's variables only; the share is a promise between pods.
 * ``hami-core``: HAMi's libvgpu.so is preloaded into the container and caps each visible GPU's memory
   (``CUDA_DEVICE_MEMORY_LIMIT_<i>``, ``i`` the CUDA ordinal in the container) and, when the pod has a compute
-  share, its SMs (``CUDA_DEVICE_SM_LIMIT``).
+  ceiling, its SMs (``CUDA_DEVICE_SM_LIMIT``).
 * ``mps``: the container is an MPS client of the node's MPS daemon, which pins its memory per device
-  (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``) and, with a compute share, its threads.
+  (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``) and, with a compute ceiling, its threads.
+
+Both compute settings are ceilings, so the container gets the pod's compute *limit*
+(``gpushare.io/gpu-compute-limit``, the guaranteed share when absent). Neither layer reserves a floor: the
+guaranteed share holds because the extender keeps the shares of each GPU's pods at 100% or less.
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ class ContainerGrant:
     gpu_units: int
     limit_mib: tuple[int, ...]
     """The container's memory cap on each of its GPUs, in CUDA ordinal order."""
-    compute_percent: int = 0
+    compute_limit: int = 0
+    """The ceiling on each GPU's SMs, in percent; 0 for none."""
 
 
 def container_environment(grant: ContainerGrant, config: IsolationConfig) -> tuple[dict[str, str], list[Mount]]:
@@ -70,14 +75,14 @@ def container_environment(grant: ContainerGrant, config: IsolationConfig) -> tup
     if config.mode is Isolation.HAMI_CORE:
         for ordinal, mib in enumerate(grant.limit_mib):
             env[f"CUDA_DEVICE_MEMORY_LIMIT_{ordinal}"] = f"{mib}m"
-        if grant.compute_percent:
-            env["CUDA_DEVICE_SM_LIMIT"] = str(grant.compute_percent)
+        if grant.compute_limit:
+            env["CUDA_DEVICE_SM_LIMIT"] = str(grant.compute_limit)
         mounts += [Mount(HAMI_LIBRARY_IN_CONTAINER, config.hami_library),
                    Mount(PRELOAD_IN_CONTAINER, config.hami_preload)]
     elif config.mode is Isolation.MPS:
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={mib}M" for i, mib in enumerate(grant.limit_mib))
-        if grant.compute_percent:
-            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(grant.compute_percent)
+        if grant.compute_limit:
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(grant.compute_limit)
         env["CUDA_MPS_PIPE_DIRECTORY"] = config.mps_pipe_dir
         mounts.append(Mount(config.mps_pipe_dir, config.mps_pipe_dir, read_only=False))
         if config.mps_shm_dir:

@@ -12,7 +12,8 @@ has a GPU container without devices:
 * The devices decide the GPUs of a pod's first container when they form a valid placement (one GPU per
   requested GPU, evenly). Then the device IDs the kubelet records are the GPUs the container really uses,
   which is what lets the PodResources reconciler fix two same-size pods that the kubelet admitted in the
-  other order. Exclusive pods and pods with a compute share keep the extender's GPUs, which it checked.
+  other order. Exclusive pods and pods with a compute share or sharing values (affinity, anti-affinity,
+  exclusion) keep the extender's GPUs, which it checked.
 * A call with several container requests is for several containers of one pod, matched together.
 """
 
@@ -153,7 +154,8 @@ def choose(waiting: Sequence[Waiting], requests: Sequence[tuple[int, Counter[int
     chosen, names = min(eligible, key=rank)
     assignment = chosen.assignment
     gpus = assignment.gpu_indices
-    keeps_extender_choice = bool(chosen.allocated) or assignment.exclusive or assignment.compute_percent > 0
+    keeps_extender_choice = (bool(chosen.allocated) or assignment.exclusive or assignment.compute_percent > 0
+                             or assignment.sharing.constrained)
     if not keeps_extender_choice:
         from_devices = placement_from_devices(device_gpus, len(assignment.gpu_indices))
         if from_devices is not None and set(from_devices) != set(gpus):

@@ -123,7 +123,7 @@ class Binder:
             raise _Failed("the pod is terminating or has finished")
         # Parsed from the pod just read, not taken from the cache of filter's parses: those are keyed by what the
         # sender says the UID and version are, and the GPUs written on the pod must follow the pod itself.
-        request = parse_request(pod)
+        request = self._cache.resolve(parse_request(pod))
         # A pod without GPUs is reserved too (CPU and memory only, no annotations), so that the next
         # decision already sees it.
         reservation = self._reserve(pod, request, args.node)

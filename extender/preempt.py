@@ -26,7 +26,7 @@ class Preempt:
 
     def __call__(self, args: PreemptionArgs) -> dict[str, Any]:
         try:
-            request = self.requests.request(args.pod)
+            request = self.cache.resolve(self.requests.request(args.pod))
         except ValueError:  # filter has already told the pod's owner; a pod that cannot be placed evicts nobody
             return preemption_result({})
         if not request.preempts:

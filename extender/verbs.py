@@ -26,7 +26,7 @@ class Verbs:
         unknown = self.cache.unknown(names)
         check_node_names(unknown)
         try:
-            request = self.requests.request(args.pod)
+            request = self.cache.resolve(self.requests.request(args.pod))
             self.book.for_request(request)  # an unknown policy name is the pod's error, before anything counts
         except ValueError as exc:  # a RequestError, or a policy the registry does not have
             return filter_result(args, None, {}, {}, str(exc))
@@ -45,7 +45,7 @@ class Verbs:
         names = args.names
         check_node_names(self.cache.unknown(names))
         try:
-            wanted = self.requests.request(args.pod)
+            wanted = self.cache.resolve(self.requests.request(args.pod))
             policy = self.book.for_request(wanted)
         except ValueError:  # filter has already told kube-scheduler why
             return [{"Host": name, "Score": 0} for name in names]

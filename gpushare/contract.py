@@ -14,6 +14,12 @@ Request semantics (documented in the README):
   capacity, which only suits pods that take their GPUs whole; the annotation has no such side effect.
 * ``gpushare.io/exclusive: "true"``: every chosen GPU must be entirely free and is held whole.
 * ``gpushare.io/gpu-compute: "<0..100>"``: the share of each chosen GPU's SMs the pod is guaranteed (0: none).
+  ``gpushare.io/gpu-compute-limit: "<1..100>"``: the ceiling the container may burst to when the GPU is idle, at
+  least the guaranteed share (absent: the guaranteed share, or no ceiling without one). KubeShare's
+  ``sharedgpu/gpu_request`` / ``sharedgpu/gpu_limit`` (fractions of GPU time up to 1.0, labels or annotations)
+  are accepted as aliases and converted to whole percentages.
+* ``gpushare.io/gpu-affinity``, ``gpushare.io/gpu-anti-affinity``, ``gpushare.io/gpu-exclusion``: who a pod may
+  share its GPUs with (``Sharing``; KubeShare 1.0's ``kubeshare/sched_*`` annotations or labels are aliases).
 * ``gpushare.io/gpu-model`` / ``gpushare.io/gpu-model-exclude``: ``|`` or ``,`` separated model names,
   matched exactly and case-insensitively. HAMi's ``nvidia.com/use-gputype`` / ``nvidia.com/nouse-gputype``
   (case-insensitive substrings) and KubeShare's ``sharedgpu/gpu_model`` are accepted as aliases.
@@ -26,8 +32,10 @@ Request semantics (documented in the README):
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
 from enum import StrEnum
 
 from gpushare.logs import clip
@@ -58,6 +66,10 @@ ANN_GPU_MODEL = PREFIX + "gpu-model"
 ANN_GPU_MODEL_EXCLUDE = PREFIX + "gpu-model-exclude"
 ANN_POLICY = PREFIX + "scheduler-policy"
 ANN_NODE_INVENTORY = PREFIX + "gpu-inventory"
+ANN_COMPUTE_LIMIT = PREFIX + "gpu-compute-limit"
+ANN_AFFINITY = PREFIX + "gpu-affinity"
+ANN_ANTI_AFFINITY = PREFIX + "gpu-anti-affinity"
+ANN_EXCLUSION = PREFIX + "gpu-exclusion"
 ANN_MEMORY_UNIT = PREFIX + "memory-unit"
 """On a node: the unit its device plugin advertises in. On a pod: the unit its assignment is written in."""
 
@@ -66,6 +78,11 @@ HAMI_NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"
 HAMI_GPU_POLICY = "hami.io/gpu-scheduler-policy"
 KUBESHARE_GPU_MODEL = "sharedgpu/gpu_model"
 KUBESHARE_PRIORITY = "sharedgpu/priority"
+KUBESHARE_GPU_REQUEST = "sharedgpu/gpu_request"
+KUBESHARE_GPU_LIMIT = "sharedgpu/gpu_limit"
+KUBESHARE_AFFINITY = "kubeshare/sched_affinity"
+KUBESHARE_ANTI_AFFINITY = "kubeshare/sched_anti-affinity"
+KUBESHARE_EXCLUSION = "kubeshare/sched_exclusion"
 
 # Kubernetes' priorities are 32-bit integers (PriorityClass.value).
 MIN_PRIORITY = -(2**31)
@@ -179,6 +196,34 @@ class ModelRule:
         return " and ".join(parts) or "any model"
 
 
+@dataclass(frozen=True, slots=True)
+class Sharing:
+    """Who a pod may share its GPUs with: KubeShare 1.0's scheduling labels, one value each ("" for none).
+
+    * ``affinity``: pods with the same value share a GPU. Once some GPU in the cluster holds one of them, the
+      others may only go to the GPU(s) holding it (``PodRequest.affinity_held``). A GPU holds pods of at most one
+      affinity value; pods without one may still join it.
+    * ``anti_affinity``: never on a GPU that holds a pod with the same value.
+    * ``exclusion``: a GPU holds pods of one exclusion value only, and having none counts as a value of its own
+      (KubeShare's rule): a pod with exclusion X takes an idle GPU or one holding only X pods, and a pod without
+      one never joins a GPU holding an X pod.
+
+    Every GPU of a multi-GPU pod obeys them. Exclusive pods hold idle GPUs alone, so anti-affinity and exclusion
+    hold trivially, and affinity is refused for them (``parse_request``).
+    """
+
+    affinity: str = ""
+    anti_affinity: str = ""
+    exclusion: str = ""
+
+    @property
+    def constrained(self) -> bool:
+        return bool(self.affinity or self.anti_affinity or self.exclusion)
+
+
+NO_SHARING = Sharing()
+
+
 @dataclass(frozen=True)
 class PodRequest:
     """A pod's GPU demand: ``gpu_count`` GPUs on one node, each giving ``per_gpu`` memory units."""
@@ -195,6 +240,13 @@ class PodRequest:
     priority: int = 0
     preempts: bool = True
     """Whether the pod may have lower-priority pods evicted to make room (not opportunistic, not ``Never``)."""
+    compute_limit: int = 0
+    """The ceiling of each GPU's SMs the container may burst to, in percent (0: none); never below
+    ``compute_percent``. The isolation layer enforces it; the scheduler accounts only ``compute_percent``."""
+    sharing: Sharing = NO_SHARING
+    affinity_held: bool = False
+    """Set by the extender's cache, never parsed: some GPU in the cluster already holds a pod of the same
+    ``sharing.affinity``, so only GPUs holding one can host this pod."""
 
     @property
     def total(self) -> int:
@@ -281,12 +333,95 @@ def _exclusive(annotations: Mapping[str, str]) -> bool:
     return annotations.get(ANN_EXCLUSIVE, "").strip().lower() == "true"
 
 
-def _compute_percent(annotations: Mapping[str, str]) -> int | None:
-    """The guaranteed compute share, 0 when absent; ``None`` when it is not a whole percentage."""
-    text = annotations.get(ANN_COMPUTE, "0").strip() or "0"
-    if not text.isdigit() or len(text) > 3 or not 0 <= int(text) <= 100:
+def _given(pod: PodInfo, ours: str, alias: str) -> tuple[str, str] | None:
+    """``(name, value)`` of the first that the pod sets: our annotation, the peer's annotation, the peer's label.
+
+    KubeShare 1.0 read its names from annotations and KubeShare 2.0 from labels, so both are accepted.
+    """
+    if ours in pod.annotations:
+        return ours, pod.annotations[ours]
+    if alias in pod.annotations:
+        return alias, pod.annotations[alias]
+    if alias in pod.labels:
+        return alias, pod.labels[alias]
+    return None
+
+
+def _whole_percent(text: str) -> int | None:
+    stripped = text.strip() or "0"
+    # At most 3 digits before int(): a 5,000-digit value is refused without converting it.
+    if not stripped.isdigit() or len(stripped) > 3 or int(stripped) > 100:
         return None
-    return int(text)
+    return int(stripped)
+
+
+_FRACTION = re.compile(r"[01]?(\.[0-9]{0,8})?")
+
+
+def _fraction_percent(text: str) -> int | None:
+    """A KubeShare fraction of GPU time (0 to 1.0) as a whole percentage, rounded half up."""
+    stripped = text.strip()
+    if stripped in ("", ".") or not _FRACTION.fullmatch(stripped) or Decimal(stripped) > 1:
+        return None
+    return int((Decimal(stripped) * 100).to_integral_value(ROUND_HALF_UP))
+
+
+def compute_share(pod: PodInfo) -> tuple[int, int]:
+    """The pod's guaranteed compute share and the ceiling it may burst to, in whole percent of each GPU's SMs.
+
+    The ceiling defaults to the guaranteed share (0 when neither is set: no ceiling). ``RequestError`` names the
+    field and what it allows.
+    """
+    request = 0
+    given = _given(pod, ANN_COMPUTE, KUBESHARE_GPU_REQUEST)
+    if given is not None:
+        name, text = given
+        parsed = _whole_percent(text) if name == ANN_COMPUTE else _fraction_percent(text)
+        if parsed is None:
+            allowed = ("a whole percentage from 0 to 100 (0, or no annotation, asks for no guaranteed share)"
+                       if name == ANN_COMPUTE else "a fraction of GPU time from 0 to 1.0, such as 0.5")
+            raise RequestError(f"Pod {pod.key} has {name}={clip(text)}; use {allowed}.")
+        request = parsed
+    given = _given(pod, ANN_COMPUTE_LIMIT, KUBESHARE_GPU_LIMIT)
+    if given is None:
+        return request, request
+    name, text = given
+    lowest = max(request, 1)
+    limit = _whole_percent(text) if name == ANN_COMPUTE_LIMIT else _fraction_percent(text)
+    if limit is None or limit < lowest:
+        allowed = (f"a whole percentage from {lowest} to 100" if name == ANN_COMPUTE_LIMIT
+                   else f"a fraction of GPU time from {lowest / 100:g} to 1.0")
+        raise RequestError(f"Pod {pod.key} has {name}={clip(text)}; use {allowed}: a ceiling above 0 and at least "
+                           f"the pod's guaranteed compute share ({request}%).")
+    return request, limit
+
+
+# A sharing value must be a valid Kubernetes label value, so that it reads the same as a label or an annotation.
+_SHARING_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+
+_SHARING_NAMES = ((ANN_AFFINITY, KUBESHARE_AFFINITY), (ANN_ANTI_AFFINITY, KUBESHARE_ANTI_AFFINITY),
+                  (ANN_EXCLUSION, KUBESHARE_EXCLUSION))
+
+
+def _sharing_value(pod: PodInfo, ours: str, alias: str) -> str:
+    given = _given(pod, ours, alias)
+    if given is None:
+        return ""
+    name, text = given
+    value = text.strip()
+    if value and not _SHARING_VALUE.fullmatch(value):
+        raise RequestError(f"Pod {pod.key} has {name}={clip(text)}; use 1 to 63 letters, digits, '-', '_' or '.', "
+                           "starting and ending with a letter or digit (a Kubernetes label value).")
+    return value
+
+
+def sharing_rules(pod: PodInfo) -> Sharing:
+    """The pod's affinity, anti-affinity and exclusion values (an empty value is none); ``RequestError`` names a
+    malformed one."""
+    affinity, anti_affinity, exclusion = (_sharing_value(pod, ours, alias) for ours, alias in _SHARING_NAMES)
+    if not (affinity or anti_affinity or exclusion):
+        return NO_SHARING  # the one instance GPU.can_host tells apart by identity
+    return Sharing(affinity, anti_affinity, exclusion)
 
 
 def _gpu_count(pod: PodInfo, from_limits: int) -> int:
@@ -377,10 +512,12 @@ def parse_request(pod: PodInfo) -> PodRequest:
             f"Pod {pod.key} asks for {total} units of {RESOURCE_GPU_MEM} across {count} GPUs, which does not "
             f"divide evenly; ask for a multiple of {count}.")
     ann = pod.annotations
-    compute = _compute_percent(ann)
-    if compute is None:
-        raise RequestError(f"Pod {pod.key} has {ANN_COMPUTE}={clip(ann.get(ANN_COMPUTE))}; use a whole percentage from "
-                           "0 to 100 (0, or no annotation, asks for no guaranteed share).")
+    compute, compute_limit = compute_share(pod)
+    sharing = sharing_rules(pod)
+    if sharing.affinity and _exclusive(ann):
+        raise RequestError(f"Pod {pod.key} has {ANN_EXCLUSIVE}=true and the GPU affinity value "
+                           f"{clip(sharing.affinity)}; an exclusive pod shares its GPUs with no one, so drop one of "
+                           "them.")
     policy = ann.get(ANN_POLICY, ann.get(HAMI_GPU_POLICY))
     if policy is not None and policy not in POLICY_NAMES:
         raise RequestError(
@@ -388,7 +525,7 @@ def parse_request(pod: PodInfo) -> PodRequest:
     return PodRequest(per_gpu=total // count, gpu_count=count, exclusive=_exclusive(ann),
                       compute_percent=compute, models=model_rule(ann, pod.labels), policy=policy,
                       container_shares=shares, cpu_milli=cpu, memory_mib=memory, priority=priority,
-                      preempts=preempts)
+                      preempts=preempts, compute_limit=compute_limit, sharing=sharing)
 
 
 def node_unit(node: NodeInfo, default: MemoryUnit) -> MemoryUnit:
@@ -439,6 +576,10 @@ class Assignment:
     """From the pod's request annotation, which the user writes; never encoded here."""
     compute_percent: int = 0
     """From the pod's request annotation, which the user writes; never encoded here."""
+    compute_limit: int = 0
+    """From the pod's request (``compute_share``), which the user writes; never encoded here."""
+    sharing: Sharing = NO_SHARING
+    """From the pod's request (``sharing_rules``), which the user writes; never encoded here."""
 
     @property
     def per_gpu(self) -> int:
@@ -470,7 +611,8 @@ def new_assignment(request: PodRequest, gpu_indices: Iterable[int], gpu_memory: 
     """The assignment bind records for a pod placed on ``gpu_indices`` of a node advertising in ``unit``."""
     return Assignment(gpu_indices=tuple(gpu_indices), total=request.total, gpu_memory=gpu_memory,
                       assume_time_ns=assume_time_ns, container_shares=dict(request.container_shares), unit=unit,
-                      exclusive=request.exclusive, compute_percent=request.compute_percent)
+                      exclusive=request.exclusive, compute_percent=request.compute_percent,
+                      compute_limit=request.compute_limit, sharing=request.sharing)
 
 
 def is_assigned(pod: PodInfo) -> bool:
@@ -496,16 +638,18 @@ def read_assignment(pod: PodInfo) -> Assignment | None:
         container_shares = {str(k): int(v) for k, v in shares.items()}
         assume = int(ann.get(ANN_ASSUME_TIME, "0"))
         unit = MemoryUnit(ann[ANN_MEMORY_UNIT]) if ANN_MEMORY_UNIT in ann else None
+        # RequestError is a ValueError too: a malformed compute or sharing value is no assignment either.
+        compute, compute_limit = compute_share(pod)
+        sharing = sharing_rules(pod)
     except (ValueError, AttributeError, TypeError):  # JSONDecodeError is a ValueError
         return None
-    compute = _compute_percent(ann)
-    if compute is None or any(i < 0 for i in indices) or total < 0:
+    if any(i < 0 for i in indices) or total < 0:
         return None
     return Assignment(gpu_indices=indices, total=total, gpu_memory=gpu_memory, assume_time_ns=assume,
                       container_shares=container_shares, unit=unit, assigned=is_assigned(pod),
                       allocated_containers=_names(ann.get(ANN_ALLOCATED_CONTAINERS, "")),
                       gpu_uuids=_names(ann.get(ANN_GPU_UUIDS, "")), exclusive=_exclusive(ann),
-                      compute_percent=compute)
+                      compute_percent=compute, compute_limit=compute_limit, sharing=sharing)
 
 
 @dataclass(frozen=True)

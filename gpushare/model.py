@@ -10,8 +10,12 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpushare.contract import (
+    ANN_AFFINITY,
+    ANN_ANTI_AFFINITY,
+    ANN_EXCLUSION,
     ANN_MEMORY_UNIT,
     ANN_NODE_INVENTORY,
+    NO_SHARING,
     RESOURCE_GPU_COUNT,
     RESOURCE_GPU_MEM,
     Assignment,
@@ -21,6 +25,7 @@ from gpushare.contract import (
     PodInfo,
     PodRequest,
     RequestError,
+    Sharing,
     UnitError,
     decode_inventory,
     host_requests,
@@ -51,6 +56,12 @@ class GPU:
     numa: int | None = None
     links: Mapping[int, int] = field(default_factory=dict)
     uuid: str = ""
+    # How many of the pods on this GPU carry each sharing value (``contract.Sharing``); counts, so that a pod
+    # leaving takes its value away only when it was the last to carry it. Each change assigns a new mapping and
+    # never edits one in place, so a shallow copy of the GPU (``dataclasses.replace``) keeps counts of its own.
+    affinity: Mapping[str, int] = field(default_factory=dict)
+    anti_affinity: Mapping[str, int] = field(default_factory=dict)
+    exclusion: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def free(self) -> int:
@@ -62,6 +73,32 @@ class GPU:
     def can_host(self, request: PodRequest) -> bool:
         if not self.healthy or self.exclusive or not request.models.accepts(self.model):
             return False
+        # Plain pods on GPUs without exclusion values (nearly every call) skip the sharing rules: an identity test,
+        # since parsing gives every pod without values the one NO_SHARING (any other empty Sharing is merely slower).
+        if (self.exclusion or request.sharing is not NO_SHARING) and self.sharing_conflict(request) is not None:
+            return False
+        return self.has_room(request)
+
+    def sharing_conflict(self, request: PodRequest) -> str | None:
+        """Why the pod's sharing rules (``contract.Sharing``) keep it off this GPU, or ``None`` if they do not."""
+        sharing = request.sharing
+        if sharing.exclusion:
+            if self.exclusion.get(sharing.exclusion, 0) != self.holders:
+                return f"it holds pods without {ANN_EXCLUSION}={sharing.exclusion}"
+        elif self.exclusion:
+            return f"it holds pods of {ANN_EXCLUSION}={','.join(sorted(self.exclusion))} and the pod has none"
+        if sharing.anti_affinity and sharing.anti_affinity in self.anti_affinity:
+            return f"it holds a pod of {ANN_ANTI_AFFINITY}={sharing.anti_affinity}"
+        if sharing.affinity:
+            others = sorted(v for v in self.affinity if v != sharing.affinity)
+            if others:
+                return f"it holds the affinity group {ANN_AFFINITY}={','.join(others)}"
+            if request.affinity_held and sharing.affinity not in self.affinity:
+                return f"the pod's affinity group {ANN_AFFINITY}={sharing.affinity} is on other GPUs"
+        return None
+
+    def has_room(self, request: PodRequest) -> bool:
+        """Memory and compute, ignoring who else is on the GPU."""
         if request.exclusive:
             # Whole and idle, and big enough: an exclusive pod still asks for its memory.
             return self.holders == 0 and self.used == 0 and self.total >= request.per_gpu
@@ -87,6 +124,7 @@ class Placement:
     priority: int = 0
     uid: str = ""
     """The pod's UID where it is known (preemption names its victims by UID); empty for a bind in flight."""
+    sharing: Sharing = NO_SHARING
 
 
 @dataclass(slots=True)
@@ -124,7 +162,7 @@ class Node:
     def place(self, pod_key: str, request: PodRequest, gpu_indices: Iterable[int]) -> Placement:
         """Account a pod on the given GPUs; raise ``ValueError`` if that would overcommit any of them."""
         placement = Placement(tuple(gpu_indices), request.per_gpu, request.compute_percent, request.exclusive,
-                              request.cpu_milli, request.memory_mib, request.priority)
+                              request.cpu_milli, request.memory_mib, request.priority, sharing=request.sharing)
         self.add(pod_key, placement, strict=True)
         return placement
 
@@ -148,6 +186,8 @@ class Node:
             gpu.compute_used += placement.compute_percent
             gpu.holders += 1
             gpu.exclusive = gpu.exclusive or placement.exclusive
+            if placement.sharing.constrained:
+                _count_sharing(gpu, placement.sharing, 1)
         self.cpu_used += placement.cpu_milli
         self.memory_used += placement.memory_mib
         self.placements[pod_key] = placement
@@ -165,6 +205,8 @@ class Node:
             gpu.holders -= 1
             if placement.exclusive:
                 gpu.exclusive = False
+            if placement.sharing.constrained:
+                _count_sharing(gpu, placement.sharing, -1)
         self.cpu_used -= placement.cpu_milli
         self.memory_used -= placement.memory_mib
         return placement
@@ -194,6 +236,13 @@ class Node:
         """Why the pod does not fit now; call only when ``fits`` is false."""
         if not self.fits_host_resources(request):
             return f"node {self.name} lacks CPU or memory for the pod"
+        refused = [f"GPU{g.index} because {why}" for g in self.gpus
+                   if g.healthy and not g.exclusive and request.models.accepts(g.model) and g.has_room(request)
+                   and (why := g.sharing_conflict(request)) is not None]
+        if refused:
+            hosts = len(self.hosts(request))
+            return (f"node {self.name} has {hosts} GPU(s) the pod may share, it needs {request.gpu_count}; the pod's "
+                    f"sharing rules refuse {'; '.join(refused)}")
         hosts = len(self.hosts(request))
         frees = ", ".join(f"GPU{g.index}:{g.free}" for g in self.gpus)
         what = "entirely free GPU(s)" if request.exclusive else f"GPU(s) with {request.per_gpu} free units"
@@ -207,8 +256,29 @@ def state_signature(node: Node) -> Hashable:
     the trace replay and the extender's prioritize ask once per distinct state, not once per node.
     """
     gpus = tuple((g.index, g.model, g.total, g.used, g.compute_used, g.holders, g.exclusive, g.healthy, g.numa,
-                  tuple(sorted(g.links.items()))) for g in node.gpus)
+                  tuple(sorted(g.links.items())), tuple(sorted(g.affinity.items())),
+                  tuple(sorted(g.anti_affinity.items())), tuple(sorted(g.exclusion.items()))) for g in node.gpus)
     return (node.cpu_milli, node.memory_mib, node.cpu_used, node.memory_used, gpus)
+
+
+def _count_sharing(gpu: GPU, sharing: Sharing, step: int) -> None:
+    if sharing.affinity:
+        gpu.affinity = _counted(gpu.affinity, sharing.affinity, step)
+    if sharing.anti_affinity:
+        gpu.anti_affinity = _counted(gpu.anti_affinity, sharing.anti_affinity, step)
+    if sharing.exclusion:
+        gpu.exclusion = _counted(gpu.exclusion, sharing.exclusion, step)
+
+
+def _counted(counts: Mapping[str, int], value: str, step: int) -> dict[str, int]:
+    """A new mapping with ``value`` counted ``step`` more times (dropped at 0)."""
+    out = dict(counts)
+    left = out.get(value, 0) + step
+    if left > 0:
+        out[value] = left
+    else:
+        out.pop(value, None)
+    return out
 
 
 def _gpus_from_capacity(node: NodeInfo, model: str) -> list[GPU]:
@@ -296,7 +366,7 @@ def placement_of(pod: PodInfo, assignment: Assignment | None = None) -> Placemen
     if assignment is None:
         return Placement((), 0, cpu_milli=cpu, memory_mib=memory, priority=priority, uid=pod.uid)
     return Placement(assignment.gpu_indices, assignment.per_gpu, assignment.compute_percent,
-                     assignment.exclusive, cpu, memory, priority, pod.uid)
+                     assignment.exclusive, cpu, memory, priority, pod.uid, assignment.sharing)
 
 
 def account_pod(node: Node, pod: PodInfo) -> None:

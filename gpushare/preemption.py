@@ -4,7 +4,8 @@ kube-scheduler's own preemption dry run counts ``aliyun.com/gpu-mem`` per node, 
 pods whose memory lies on GPUs the preemptor cannot use, or too few on the GPU it can. Its preempt call asks
 the extender which victims it agrees with on each candidate node; ``find_victims`` answers with the best set
 by the rules that decide what fits everywhere else (``GPU.can_host``, ``Node.fits``), so model, count and
-exclusivity constraints, compute shares, multi-GPU victims and the node's CPU and memory all count.
+exclusivity constraints, compute shares, sharing rules (affinity, anti-affinity, exclusion), multi-GPU victims
+and the node's CPU and memory all count: a victim set is one after which the pod is placeable by those rules.
 
 "Best" is the fewest pods, then the lowest highest priority among them, then the lowest sum of priorities,
 then the fewest PodDisruptionBudget violations. The caller counts violations from the budgets it watches
@@ -70,7 +71,7 @@ def hold(node: Node, held: Iterable[Held]) -> Node:
                            key=lambda g: (g.used - g.total, g.index))
         placement = Placement(tuple(g.index for g in hosts[:request.gpu_count]), request.per_gpu,
                               request.compute_percent, request.exclusive, request.cpu_milli, request.memory_mib,
-                              request.priority)
+                              request.priority, sharing=request.sharing)
         scratch.add(item.key, placement)
     return scratch
 
@@ -90,8 +91,12 @@ def find_victims(node: Node, request: PodRequest, kube_victims: Collection[str] 
     base = hold(node, held) if held else node
     if base.fits(request):
         return None
+    # Members of the affinity group the pod must join are never victims: evicting them can only take away the
+    # GPUs it may use. Without them, evicting more never hurts, which the search below relies on.
+    joining = request.sharing.affinity if request.affinity_held else ""
     candidates = [(key, p) for key, p in base.placements.items()
-                  if p.uid and p.priority < request.priority and not _is_held(key, held)]
+                  if p.uid and p.priority < request.priority and not _is_held(key, held)
+                  and not (joining and p.sharing.affinity == joining)]
     if not _fits_without(base, request, [k for k, _ in candidates]):
         return None
     relevant = _relevant(base, request, candidates)

@@ -15,7 +15,11 @@ from hypothesis import strategies as st
 
 from deviceplugin.matching import choose, waiting_pods
 from gpushare.contract import (
+    ANN_AFFINITY,
+    ANN_ANTI_AFFINITY,
     ANN_COMPUTE,
+    ANN_COMPUTE_LIMIT,
+    ANN_EXCLUSION,
     ANN_EXCLUSIVE,
     ANN_GPU_COUNT,
     RESOURCE_GPU_MEM,
@@ -40,11 +44,18 @@ def bound_pods(draw: st.DrawFn) -> tuple[PodInfo, tuple[int, ...], int, MemoryUn
     containers = tuple(ContainerInfo(name=f"c{i}", limits={RESOURCE_GPU_MEM: str(units)})
                        for i, units in enumerate(shares))
     annotations = {ANN_GPU_COUNT: str(count)}
-    if draw(st.booleans()):
+    exclusive = draw(st.booleans())
+    if exclusive:
         annotations[ANN_EXCLUSIVE] = "true"
     compute = draw(st.integers(0, 100))
     if compute:
         annotations[ANN_COMPUTE] = str(compute)
+    if draw(st.booleans()):
+        annotations[ANN_COMPUTE_LIMIT] = str(draw(st.integers(max(compute, 1), 100)))
+    values = st.sampled_from(["", "red", "team-a.b_c"])
+    for name in (ANN_ANTI_AFFINITY, ANN_EXCLUSION) if exclusive else (ANN_AFFINITY, ANN_ANTI_AFFINITY, ANN_EXCLUSION):
+        if value := draw(values):
+            annotations[name] = value
     pod = PodInfo(namespace="team", name="job", uid="u-1", node_name="n1", annotations=annotations,
                   containers=containers)
     gpus = tuple(draw(st.permutations(range(16)))[:count])
@@ -65,6 +76,7 @@ def test_what_bind_writes_reads_back_identically(case: tuple[PodInfo, tuple[int,
     assert assignment.annotations().items() <= pod.annotations.items()
     assert (assignment.per_gpu, assignment.total) == (request.per_gpu, request.total)
     assert (assignment.exclusive, assignment.compute_percent) == (request.exclusive, request.compute_percent)
+    assert (assignment.compute_limit, assignment.sharing) == (request.compute_limit, request.sharing)
     assert dict(assignment.container_shares) == dict(request.container_shares)
 
 
@@ -94,6 +106,7 @@ def test_inspect_and_the_extender_account_what_bind_wrote(
     placement = placement_of(pod, read_assignment(pod))
     assert (placement.gpu_indices, placement.per_gpu) == (gpus, request.per_gpu)
     assert (placement.exclusive, placement.compute_percent) == (request.exclusive, request.compute_percent)
+    assert placement.sharing == request.sharing
     node = NodeInfo(name="n1", capacity={"aliyun.com/gpu-count": "16", RESOURCE_GPU_MEM: str(16 * 1000)})
     report = node_report(node, [pod])
     [usage] = report.pods

@@ -32,10 +32,13 @@ from deviceplugin.simulated import SimulatedBackend
 from deviceplugin.usage import find_overuse
 from gpushare.clusterspec import NodeSpec
 from gpushare.contract import (
+    ANN_AFFINITY,
     ANN_ALLOCATED_CONTAINERS,
+    ANN_ANTI_AFFINITY,
     ANN_ASSIGNED,
     ANN_COMPUTE,
     ANN_EXCLUSIVE,
+    KUBESHARE_EXCLUSION,
     RESOURCE_GPU_COUNT,
     RESOURCE_GPU_MEM,
     ContainerInfo,
@@ -118,8 +121,9 @@ def test_devices_of_another_gpu_move_the_pod_there() -> None:
     assert match.gpus == (1,) and match.moved
 
 
-def test_exclusive_and_compute_pods_keep_the_extenders_gpu() -> None:
-    for extra in ({ANN_EXCLUSIVE: "true"}, {ANN_COMPUTE: "30"}):
+def test_exclusive_compute_and_sharing_pods_keep_the_extenders_gpu() -> None:
+    for extra in ({ANN_EXCLUSIVE: "true"}, {ANN_COMPUTE: "30"}, {ANN_AFFINITY: "red"},
+                  {ANN_ANTI_AFFINITY: "solo"}, {KUBESHARE_EXCLUSION: "x"}):
         match = one(waiting_pods([placed("p", {"c": 4}, gpus=(0,), extra=extra)]), 4, Counter({1: 4}))
         assert match.gpus == (0,)
 
@@ -231,7 +235,7 @@ def test_split_evenly() -> None:
 
 
 GRANT = ContainerGrant(gpu_indices=(1, 3), gpu_uuids=("GPU-b", "GPU-d"), container_units=8, pod_units=8,
-                       gpu_units=40, limit_mib=(4096, 4096), compute_percent=30)
+                       gpu_units=40, limit_mib=(4096, 4096), compute_limit=30)
 
 
 def test_every_mode_sets_aliyuns_variables() -> None:

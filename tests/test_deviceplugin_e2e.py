@@ -12,7 +12,18 @@ import pytest
 from test_extender_harness import running_extender
 from test_kubelet import NODE, UUIDS, Rig, eventually, rig
 
-from gpushare.contract import ANN_ASSIGNED, ANN_GPU_INDICES, ANN_NODE_INVENTORY, RESOURCE_GPU_MEM
+from deviceplugin.isolation import Isolation, IsolationConfig
+from gpushare.contract import (
+    ANN_AFFINITY,
+    ANN_ASSIGNED,
+    ANN_COMPUTE,
+    ANN_COMPUTE_LIMIT,
+    ANN_GPU_INDICES,
+    ANN_NODE_INVENTORY,
+    KUBESHARE_GPU_LIMIT,
+    KUBESHARE_GPU_REQUEST,
+    RESOURCE_GPU_MEM,
+)
 from gpushare.localcluster.scheduler import SchedulerLoop
 
 
@@ -39,3 +50,30 @@ def test_pods_placed_by_the_extender_run_on_the_gpus_their_annotations_name(sche
         for env in scheduled.kubelet.allocations[f"default/{name}"].values():
             assert env["NVIDIA_VISIBLE_DEVICES"] == expected
     assert scheduled.pod("big")["metadata"]["annotations"][ANN_GPU_INDICES] == "2"  # only the A100 holds 30 GiB
+
+
+@pytest.mark.parametrize(("mode", "variable"), [(Isolation.HAMI_CORE, "CUDA_DEVICE_SM_LIMIT"),
+                                                (Isolation.MPS, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")])
+def test_the_compute_limit_reaches_the_container_as_its_ceiling(mode: Isolation, variable: str) -> None:
+    isolation = IsolationConfig(mode, hami_library="/host/libvgpu.so", hami_preload="/host/preload",
+                                mps_pipe_dir="/host/mps")
+    with rig(isolation=isolation) as node:
+        eventually(lambda: node.node()["status"]["allocatable"].get(RESOURCE_GPU_MEM) == "72", "the node's GPUs")
+        with running_extender(node.cluster) as url, SchedulerLoop(node.cluster.api_client(),
+                                                                  url + "/gpushare-scheduler") as loop:
+            loop.start()
+            node.create("burst", {"c": 4}, annotations={ANN_COMPUTE: "30", ANN_COMPUTE_LIMIT: "80"})
+            node.create("steady", {"c": 4}, annotations={ANN_COMPUTE: "20"})
+            node.core.create_namespaced_pod("default", {
+                "metadata": {"name": "kubeshare", "labels": {KUBESHARE_GPU_REQUEST: "0.2", KUBESHARE_GPU_LIMIT: "0.5"}},
+                "spec": {"containers": [{"name": "c", "image": "cuda",
+                                         "resources": {"limits": {RESOURCE_GPU_MEM: "4"}}}]}},
+                _preload_content=False)
+            for name in ("group-1", "group-2"):
+                node.create(name, {"c": 2}, annotations={ANN_AFFINITY: "pair"})
+            for name in ("burst", "steady", "kubeshare", "group-1", "group-2"):
+                node.running(name)
+    # The ceiling, not the guaranteed share, is what the isolation layer enforces (the share is the extender's).
+    assert (node.env("burst")[variable], node.env("steady")[variable], node.env("kubeshare")[variable]) == (
+        "80", "20", "50")
+    assert node.env("group-1")["NVIDIA_VISIBLE_DEVICES"] == node.env("group-2")["NVIDIA_VISIBLE_DEVICES"]

@@ -65,12 +65,16 @@ class FitSet:
 
 def shape_key(request: PodRequest) -> tuple[Any, ...]:
     return (request.per_gpu, request.gpu_count, request.exclusive, request.compute_percent, request.models,
-            request.cpu_milli, request.memory_mib)
+            request.cpu_milli, request.memory_mib, request.sharing, request.affinity_held)
 
 
 def summarise(node: Node) -> NodeSummary:
-    """The node as ``GPU.can_host`` and ``Node.fits_host_resources`` see it, in plain tuples."""
-    open_gpus = [g for g in node.gpus if g.healthy and not g.exclusive]
+    """The node as ``GPU.can_host`` and ``Node.fits_host_resources`` see it, in plain tuples.
+
+    Only for pods without sharing values (the cache judges the others on the full state): such pods never join
+    a GPU that holds a pod with an exclusion value.
+    """
+    open_gpus = [g for g in node.gpus if g.healthy and not g.exclusive and not g.exclusion]
     usable = [g for g in open_gpus if g.compute_used <= 100]
     return NodeSummary(
         cpu_free=node.cpu_milli - node.cpu_used if node.cpu_milli else UNBOUNDED,

@@ -23,7 +23,16 @@ from itertools import filterfalse
 from typing import Any, TypeVar, cast
 
 from gpushare.cache.fitindex import MAX_FIT_SETS, FilterOutcome, FitSet, NodeSummary, fit_check, shape_key, summarise
-from gpushare.contract import MemoryUnit, NodeInfo, PodInfo, PodRequest, RequestError, parse_request, read_assignment
+from gpushare.contract import (
+    ANN_AFFINITY,
+    MemoryUnit,
+    NodeInfo,
+    PodInfo,
+    PodRequest,
+    RequestError,
+    parse_request,
+    read_assignment,
+)
 from gpushare.model import Node, Placement, build_node, gpu_capacity, placement_of, state_signature
 from gpushare.preemption import Held, VictimSet, ViolationCount, find_victims, hold
 
@@ -62,9 +71,11 @@ class Reservation:
 class _Entry:
     """One node: its API view (``None`` once deleted or before it was seen) and its accounted state."""
 
-    __slots__ = ("info", "lock", "memo", "name", "reasons", "signature", "state")
+    __slots__ = ("affinity", "info", "lock", "memo", "name", "reasons", "signature", "state")
 
     def __init__(self, name: str) -> None:
+        self.affinity: frozenset[str] = frozenset()
+        """The affinity values some pod on the node's GPUs carries (what ``ClusterCache._affinity`` indexes)."""
         self.name = name
         self.lock = threading.Lock()
         self.info: NodeInfo | None = None
@@ -91,6 +102,9 @@ class ClusterCache:
         self._capacity: dict[str, int] | None = None
         # Pods a preemption nominated to a node and not bound yet, by node: rare, so read outside the fit index.
         self._nominated: dict[str, dict[str, tuple[str, PodRequest]]] = {}
+        # Affinity value -> the nodes where some GPU holds a pod with it (reservations included), under the index
+        # lock: the cluster-wide view that sends the rest of an affinity group to its GPUs.
+        self._affinity: dict[str, set[str]] = {}
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -120,6 +134,18 @@ class ClusterCache:
         with entry.lock:
             yield entry.state if entry.info is not None else None
 
+    def resolve(self, request: PodRequest) -> PodRequest:
+        """The request with ``affinity_held`` saying whether some GPU in the cluster holds its affinity group.
+
+        Filter, prioritize, preempt and bind each resolve the pod's parsed request before judging it.
+        """
+        value = request.sharing.affinity
+        if not value:
+            return request
+        with self._index_lock:
+            held = bool(self._affinity.get(value))
+        return request if held == request.affinity_held else replace(request, affinity_held=held)
+
     def filter(self, names: list[str], request: PodRequest, pod_uid: str = "") -> FilterOutcome:
         """Split ``names`` into nodes where the pod fits now, fails now, and could never fit.
 
@@ -127,6 +153,8 @@ class ClusterCache:
 
         ``TypeError`` if a name is not hashable (a malformed request).
         """
+        if request.sharing.constrained:
+            return self._filter_sharing(names, request, pod_uid)
         fit_set = self._fit_set(request)
         version = fit_set.version
         last = fit_set.last
@@ -143,6 +171,27 @@ class ClusterCache:
             out.passed = list(filter(fits, names))
             self._explain(list(filterfalse(fits, names)), request, out)
         fit_set.last = (version, names, out)
+        return self._respect_nominated(out, request, pod_uid)
+
+    def _filter_sharing(self, names: list[str], request: PodRequest, pod_uid: str) -> FilterOutcome:
+        """Filter for a pod with sharing values: every node is judged on its full state, since the summaries the
+        fit sets read leave out who holds each GPU. Once its affinity group holds GPUs, only their nodes pass."""
+        out = FilterOutcome()
+        judged = names
+        if request.affinity_held:
+            value = request.sharing.affinity
+            with self._index_lock:
+                group = set(self._affinity.get(value, ()))
+            shown = sorted(group)
+            where = ", ".join(shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5 else "")
+            judged = []
+            for name in names:
+                if name in group or name not in self._summaries:  # an unknown node is worded by _explain
+                    judged.append(name)
+                else:
+                    out.failed[name] = (f"pods of {ANN_AFFINITY}={value} already hold GPUs on node(s) {where}, and "
+                                        "the pod may only join them")
+        self._explain(judged, request, out)
         return self._respect_nominated(out, request, pod_uid)
 
     def _respect_nominated(self, out: FilterOutcome, request: PodRequest, pod_uid: str) -> FilterOutcome:
@@ -490,8 +539,23 @@ class ClusterCache:
             self._summaries.pop(name, None)
         else:
             self._summaries[name] = summary
+        affinity = frozenset(v for g in entry.state.gpus for v in g.affinity)
         with self._index_lock:
             for fit_set in self._fit_sets.values():
                 fit_set.update(name, summary)
+            if affinity != entry.affinity:
+                self._index_affinity(name, entry.affinity, affinity)
+                entry.affinity = affinity
+
+    def _index_affinity(self, name: str, old: frozenset[str], new: frozenset[str]) -> None:
+        """Move the node between the affinity groups' node sets; call with the index lock held."""
+        for value in old - new:
+            nodes = self._affinity.get(value)
+            if nodes is not None:
+                nodes.discard(name)
+                if not nodes:
+                    del self._affinity[value]
+        for value in new - old:
+            self._affinity.setdefault(value, set()).add(name)
 
 
