@@ -6,6 +6,7 @@ keep answering in milliseconds; once the API server resumes, the cache equals th
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 import sys
@@ -126,8 +127,8 @@ def test_binds_answer_within_their_budget_while_the_api_server_is_stopped(
     api_client = client.ApiClient(load_configuration(kubeconfig))
     core = client.CoreV1Api(client.ApiClient(load_configuration(kubeconfig)))
     pods = FreezeBeforeBinding(api_client, process.pid)
-    app = create_app(ExtenderConfig(bind_timeout_s=BUDGET_S), Kube(pods, Kube.from_api_client(api_client).nodes,
-                                                                    Kube.from_api_client(api_client).leases))
+    app = create_app(ExtenderConfig(bind_timeout_s=BUDGET_S),
+                     dataclasses.replace(Kube.from_api_client(api_client), pods=pods))
     with serve(app) as url, httpx.Client(base_url=url, timeout=10) as http:
         wait_for(lambda: http.get("/readyz").status_code == 200, "the extender to be ready")
         first = create_pod(core, pod_body("first", 4))

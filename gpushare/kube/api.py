@@ -2,7 +2,7 @@
 
 The official client's hints describe model objects, not the raw replies read here, and it raises
 ``ApiException`` for answers and urllib3 or OS errors for everything else; all of that stops here. Callers
-see ``Pods``, ``Nodes`` and ``Leases``, JSON dicts, and ``KubeError`` subclasses whose text is a sentence
+see ``Pods``, ``Nodes``, ``Leases`` and ``PodGroups``, JSON dicts, and ``KubeError`` subclasses whose text is a sentence
 saying what happened and what to do. Replies are read raw (``_preload_content=False``): at thousands of
 pods, building the client's model objects costs more than the rest of the work. Every call carries a
 timeout, overridable so that a caller with a deadline can pass what is left of it; together with the
@@ -280,6 +280,24 @@ class Leases(_Resource):
                           self._coordination.replace_namespaced_lease, name, namespace, body, timeout_s=timeout_s)
 
 
+class PodGroups(_Resource):
+    """scheduler-plugins' coscheduling PodGroups (``scheduling.x-k8s.io/v1alpha1``), a CRD a cluster may not have."""
+
+    GROUP = "scheduling.x-k8s.io"
+    VERSION = "v1alpha1"
+    PLURAL = "podgroups"
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        super().__init__(api_client)
+        self._custom = client.CustomObjectsApi(api_client)
+
+    def read(self, namespace: str, name: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Obj:
+        """The PodGroup; ``NotFound`` when it does not exist, or when the cluster has no PodGroup CRD at all."""
+        return self._json(_Action(f"read PodGroup {namespace}/{name}", "get", self.PLURAL),
+                          self._custom.get_namespaced_custom_object, self.GROUP, self.VERSION, namespace, self.PLURAL,
+                          name, timeout_s=timeout_s)
+
+
 @dataclass(frozen=True)
 class Kube:
     """One API server as gpushare uses it. Tests swap a part (``dataclasses.replace``) to stage races."""
@@ -287,10 +305,11 @@ class Kube:
     pods: Pods
     nodes: Nodes
     leases: Leases
+    pod_groups: PodGroups
 
     @classmethod
     def from_api_client(cls, api_client: client.ApiClient) -> Kube:
-        return cls(Pods(api_client), Nodes(api_client), Leases(api_client))
+        return cls(Pods(api_client), Nodes(api_client), Leases(api_client), PodGroups(api_client))
 
     @property
     def host(self) -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 
+from gpushare.cache.gangs import GangIndex
 from gpushare.cache.pending import PendingPods
 from gpushare.cache.state import ClusterCache
-from gpushare.contract import PodInfo
+from gpushare.contract import KUBESHARE_GROUP_NAME, LABEL_POD_GROUP, PodInfo
 from gpushare.kube.api import ListCall, Obj
 from gpushare.kube.convert import node_info, pod_info
 from gpushare.kube.informer import Informer
@@ -26,6 +27,7 @@ class ClusterWatch:
                  watch_timeout_s: int = 300) -> None:
         self.cache = cache
         self.pending = PendingPods()
+        self.gangs = GangIndex()
         # Streamed: the cache takes each page as it arrives, so start-up holds one page of raw JSON objects,
         # not every pod of the cluster (bench/bench_startup.py measures the difference).
         self._nodes = Informer(list_nodes, on_sync=self._sync_nodes, on_event=self._node_event,
@@ -63,15 +65,19 @@ class ClusterWatch:
     def _sync_pods(self, items: Iterator[Obj]) -> None:
         counted = _Counted(items)
         pending: list[PodInfo] = []
+        grouped: list[PodInfo] = []
 
         def noting_pending(pods: Iterable[PodInfo]) -> Iterator[PodInfo]:
             for pod in pods:
                 if not pod.node_name:
                     pending.append(pod)
+                if pod.labels and (LABEL_POD_GROUP in pod.labels or KUBESHARE_GROUP_NAME in pod.labels):
+                    grouped.append(pod)
                 yield pod
 
         self.cache.replace_pods(noting_pending(pod_info(o) for o in counted))
         self.pending.replace(pending)
+        self.gangs.replace(grouped)
         log.info("pod list loaded", extra={"pods": counted.count})
 
     def _pod_event(self, kind: str, obj: Obj) -> None:
@@ -79,9 +85,11 @@ class ClusterWatch:
         if kind == "DELETED":
             self.cache.delete_pod(pod)
             self.pending.delete(pod)
+            self.gangs.delete(pod)
         else:
             self.cache.upsert_pod(pod)
             self.pending.update(pod)
+            self.gangs.update(pod)
 
 
 class _Counted:
