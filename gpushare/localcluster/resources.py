@@ -84,9 +84,14 @@ EVENTS = Resource("events", "event", "Event", True, short_names=("ev",),
                           "source": _path("source", "component")})
 LEASES = Resource("leases", "lease", "Lease", True, group="coordination.k8s.io")
 
+# scheduler-plugins' coscheduling PodGroup: a CRD, served only by clusters started with it (``LocalCluster(crds=...)``),
+# so that a cluster without it answers 404 as a real one without the CRD does.
+PODGROUPS = Resource("podgroups", "podgroup", "PodGroup", True, group="scheduling.x-k8s.io", version="v1alpha1",
+                     short_names=("pg", "pgs"), subresources=("status",))
+
 RESOURCES = (PODS, NODES, NAMESPACES, CONFIGMAPS, EVENTS, LEASES)
-BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
-GROUPS = {"coordination.k8s.io": "v1"}
+CRDS = (PODGROUPS,)
+BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES + CRDS}
 
 def check_name(resource: Resource, name: str) -> None:
     """Namespaces need a DNS label; every other kind a DNS subdomain, as in Kubernetes."""
@@ -178,6 +183,8 @@ def validate(resource: Resource, obj: Obj) -> None:
         errors.extend(validation.validate_pod_spec(obj.get("spec")))
     elif resource is NODES:
         errors.extend(validation.validate_node_resources(obj.get("status")))
+    elif resource is PODGROUPS:
+        errors.extend(validation.validate_podgroup_spec(obj.get("spec")))
     if errors:
         raise validation.invalid_object(resource.kind, resource.group, obj["metadata"]["name"], errors)
 
