@@ -50,10 +50,12 @@ def extender(cluster: LocalCluster) -> Iterator[str]:
 
 
 @pytest.fixture
-def core(cluster: LocalCluster) -> client.CoreV1Api:
+def core(cluster: LocalCluster, extender: str) -> client.CoreV1Api:
     api = client.CoreV1Api(cluster.api_client())
     api.delete_collection_namespaced_pod("default", grace_period_seconds=0)
     client.CustomObjectsApi(cluster.api_client()).delete_collection_namespaced_custom_object(*PG)
+    # The extender's watch has seen the deletions: each test starts from empty GPUs.
+    wait_for(lambda: metric(extender, "gpushare_extender_gpu_memory_allocated") == 0, "the extender's cache to empty")
     return api
 
 
