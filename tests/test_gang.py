@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,7 +15,9 @@ from gpushare.contract import (
     KUBESHARE_GROUP_NAME,
     KUBESHARE_GROUP_THRESHOLD,
     LABEL_POD_GROUP,
+    Assignment,
     GangRef,
+    MemoryUnit,
     NodeInfo,
     PodInfo,
     PodRequest,
@@ -167,3 +171,25 @@ def test_a_gang_hold_is_all_members_or_none() -> None:
     cache.release(held)
     assert cache.gang_hold("ns/m0") is None
     assert cache.filter(["a", "b"], PodRequest(per_gpu=10, gpu_count=2)).passed == ["a"]
+
+
+def test_a_hold_gives_way_to_the_pod_bound_on_other_gpus_and_survives_pending_updates() -> None:
+    # With several replicas the leader binds a held member with GPUs of its own choosing on the planned node.
+    cache = cache_with("a")
+    cache.hold_gang("ns/g", {"ns/m0": ("u0", PodRequest(per_gpu=10), "a", (0,))})
+    pending = PodInfo(namespace="ns", name="m0", uid="u0", labels={LABEL_POD_GROUP: "g"})
+    cache.upsert_pod(pending)  # a status update while it waits: the hold stays
+    assert cache.gang_hold("ns/m0") is not None
+    assignment = Assignment(gpu_indices=(1,), total=10, gpu_memory=16, assume_time_ns=1, unit=MemoryUnit.GiB)
+    cache.upsert_pod(replace(pending, node_name="a", annotations=assignment.annotations()))
+    assert cache.gang_hold("ns/m0") is None and cache.gang_holds("ns/g") == []
+    [node] = cache.snapshot(["a"])
+    assert [g.used for g in node.gpus] == [0, 10]
+
+
+def test_a_deleted_member_gives_its_hold_back() -> None:
+    cache = cache_with("a")
+    cache.hold_gang("ns/g", {"ns/m0": ("u0", PodRequest(per_gpu=10), "a", (0,))})
+    cache.delete_pod(PodInfo(namespace="ns", name="m0", uid="u0"))
+    assert cache.reservations() == 0
+    assert [g.used for g in cache.snapshot(["a"])[0].gpus] == [0, 0]

@@ -511,7 +511,9 @@ class ClusterCache:
                 current = self._pod_nodes.get(key)
                 reservation = self._reservations.get(key)
             if reservation is not None:
-                confirmed = target is not None and self._confirms(reservation, *target)
+                # A gang's hold gives way to the pod bound anywhere: with several replicas the leader binds it on
+                # GPUs of its own choosing, and what the API says the pod holds is what counts.
+                confirmed = target is not None and (bool(reservation.gang) or self._confirms(reservation, *target))
                 ended = gone and pod.uid == reservation.uid
                 if not confirmed and not ended:
                     return  # an event from before the bind, or a rival's; the bind settles it either way
