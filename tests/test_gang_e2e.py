@@ -171,6 +171,21 @@ def test_two_gangs_competing_for_the_same_gpus_never_both_hold_and_one_completes
              SETTLE_S)
 
 
+def test_a_gang_of_different_shapes_spans_nodes(core: client.CoreV1Api, loop: SchedulerLoop) -> None:
+    # Every GPU is needed: the 2-GPU member takes a whole node, the two 1-GPU members the other.
+    big = member("shape-big", "shapes", units=30, min_member=3)
+    big["metadata"]["annotations"]["gpushare.io/gpu-count"] = "2"
+    create_pod(core, member("shape-s0", "shapes", min_member=3))
+    create_pod(core, big)
+    create_pod(core, member("shape-s1", "shapes", min_member=3))
+    names = ("shape-big", "shape-s0", "shape-s1")
+    wait_for(lambda: bound(core, *names) == set(names), "the mixed gang to bind", SETTLE_S)
+    pods = {n: read_pod(core, n) for n in names}
+    assert pods["shape-big"]["metadata"]["annotations"]["gpushare.io/gpu-indices"] == "0,1"
+    assert pods["shape-s0"]["spec"]["nodeName"] == pods["shape-s1"]["spec"]["nodeName"] != (
+        pods["shape-big"]["spec"]["nodeName"])
+
+
 def test_a_plan_not_bound_within_its_timeout_is_released_with_an_event(extender: str,
                                                                        core: client.CoreV1Api) -> None:
     for name in ("t0", "t1"):
@@ -223,6 +238,19 @@ def test_a_podgroup_sets_the_minimum_and_members_bound_before_a_restart_count(
     pods = [read_pod(core, n) for n in ("c0", "c1", "c2")]
     used = {(p["spec"]["nodeName"], p["metadata"]["annotations"]["gpushare.io/gpu-indices"]) for p in pods}
     assert len(used) == 3  # three different GPUs
+
+
+def test_a_podgroup_timeout_overrides_the_extender_default(cluster: LocalCluster, extender: str,
+                                                          core: client.CoreV1Api) -> None:
+    client.CustomObjectsApi(cluster.api_client()).create_namespaced_custom_object(*PG, {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", "metadata": {"name": "brief"},
+        "spec": {"minMember": 2, "scheduleTimeoutSeconds": 1}})
+    for name in ("b0", "b1"):
+        create_pod(core, member(name, "brief"))
+    wait_for(lambda: bool(filter_pod(extender, core, "b0")["NodeNames"]), "the plan")
+    wait_for(lambda: bool(messages(core, "b1", "GPUShareGangTimeout")), "the PodGroup's timeout", 10)
+    assert "were not bound within 1 s of its plan (0 were)" in messages(core, "b1", "GPUShareGangTimeout")[0]
+    assert messages(core, "b0", "GPUShareGangTimeout")  # b0 never bound either
 
 
 def test_without_a_podgroup_the_annotation_decides(extender: str, core: client.CoreV1Api) -> None:
