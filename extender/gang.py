@@ -167,13 +167,14 @@ class Gangs:
             self.rejections.labels("waiting").inc()
             return _none(names, f"gang {ref.key}: {len(members)} of {rule.min_member} members exist; waiting for "
                                 f"{rule.min_member - len(members)} more")
-        return self._plan(ref, rule, pod, request, names, members, len(bound), holds)
+        return self._plan(ref, rule, pod, request, names, members, len(bound), holds)  # None: no need to wait
 
     def _plan(self, ref: GangRef, rule: GangRule, pod: PodInfo, request: PodRequest, names: list[str],
-              members: dict[str, PodInfo], bound: int, holds: set[str]) -> FilterOutcome:
+              members: dict[str, PodInfo], bound: int, holds: set[str]) -> FilterOutcome | None:
         waiting = [m for m in members.values() if not m.node_name and m.key not in holds]
         planned: list[Member] = []
         uids: dict[str, tuple[str, PodRequest]] = {}
+        without_gpu = 0
         for member in waiting:
             try:
                 wanted = request if member.key == pod.key else self._requests.request(member)
@@ -181,10 +182,15 @@ class Gangs:
             except ValueError:
                 continue  # its own filter tells its owner; it cannot be placed, so it is not planned
             if not wanted.gpu_count:
+                # A member without GPUs (an MPI launcher, say) is placed by kube-scheduler alone, never held back
+                # by the extender: it counts as placed.
+                without_gpu += 1
                 continue
             planned.append(Member(member.key, wanted, self._evaluator(policy)))
             uids[member.key] = (member.uid, wanted)
-        need = rule.min_member - bound - len(holds)
+        need = rule.min_member - bound - len(holds) - without_gpu
+        if need <= 0:
+            return None
         plan = plan_gang(self._cache.snapshot(names), planned, need, self._tie_seed)
         if not plan.placed:
             self.rejections.labels("unfit").inc()

@@ -253,6 +253,16 @@ def test_a_podgroup_timeout_overrides_the_extender_default(cluster: LocalCluster
     assert messages(core, "b0", "GPUShareGangTimeout")  # b0 never bound either
 
 
+def test_a_member_without_gpus_is_left_to_kube_scheduler_and_counts(extender: str, core: client.CoreV1Api) -> None:
+    # An MPI-style gang: a launcher asking for no GPU (kube-scheduler places it without the extender) and two
+    # GPU workers; the workers need not wait for the launcher's bind.
+    create_pod(core, member("launcher", "mpi", units=0, min_member=3))
+    for name in ("worker-0", "worker-1"):
+        create_pod(core, member(name, "mpi", min_member=3))
+    wait_for(lambda: len(filter_pod(extender, core, "worker-0")["NodeNames"]) == 1, "the workers' plan")
+    assert len(filter_pod(extender, core, "worker-1")["NodeNames"]) == 1
+
+
 def test_without_a_podgroup_the_annotation_decides(extender: str, core: client.CoreV1Api) -> None:
     create_pod(core, member("a0", "no-group", min_member=2))
     assert failures(filter_pod(extender, core, "a0")) == {
