@@ -51,6 +51,8 @@ DEFAULT_GANG_TIMEOUT_S = 60.0
 PODGROUP_TTL_S = 10.0
 # A PodGroup read in filter must not hold up kube-scheduler's cycle for long.
 PODGROUP_READ_TIMEOUT_S = 2.0
+# PodGroups whose reads are remembered; past it the oldest go first (and are read again when next needed).
+MAX_REMEMBERED_GROUPS = 10_000
 # How often plans are checked against their deadline.
 SWEEP_INTERVAL_S = 1.0
 
@@ -87,9 +89,9 @@ class Gangs:
         self._rules: dict[str, tuple[float, GangRule]] = {}
         self._plans: dict[str, _Plan] = {}
         self._lock = threading.Lock()
-        self.plans = Counter("gpushare_extender_gang_plans", "Gang plans: held (GPUs held for every member at "
-                             "once), completed (every member bound), released (timed out).", ["result"],
-                             registry=registry)
+        self.plans = Counter("gpushare_extender_gang_plans",
+                             "Gang plans: held (GPUs held for every member at once), completed (no member waits any "
+                             "more: bound, or deleted), released (timed out).", ["result"], registry=registry)
         self.rejections = Counter("gpushare_extender_gang_rejections",
                                   "Gang members failed on every node: waiting (too few members exist), unfit (the "
                                   "members do not fit at once).", ["reason"], registry=registry)
@@ -117,7 +119,10 @@ class Gangs:
             raise RequestError(f"gang {ref.key}: {exc}") from None
         rule = self._rule_of(ref, group)
         with self._lock:
+            self._rules.pop(ref.key, None)
             self._rules[ref.key] = (now, rule)
+            while len(self._rules) > MAX_REMEMBERED_GROUPS:
+                del self._rules[next(iter(self._rules))]
         return rule
 
     def _rule_of(self, ref: GangRef, group: dict[str, object] | None) -> GangRule:

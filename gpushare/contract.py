@@ -579,8 +579,9 @@ MAX_GANG_SIZE = 100_000
 class GangRef:
     """The gang a pod belongs to, as the pod itself says it.
 
-    ``min_member`` is how many of its pods must be placed at once; ``None`` for a coscheduling pod group whose
-    pod carries no ``gpushare.io/group-min-member``: its PodGroup object says (read by the extender).
+    ``min_member`` is how many of its pods must be placed at once as the pod says it: KubeShare's labels, or for a
+    coscheduling pod group the ``gpushare.io/group-min-member`` annotation, which counts only where no PodGroup
+    object exists (the extender reads it); ``None`` when the pod says nothing.
     """
 
     namespace: str
