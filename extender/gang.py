@@ -269,12 +269,14 @@ class Gangs:
         return sum(len(self._cache.gang_holds(gang)) for gang in self._cache.held_gangs())
 
 
+# A gang's refusals go in FailedAndUnresolvableNodes: evicting pods would not help (a gang member never preempts),
+# so kube-scheduler skips its preemption dry run for them; the pod is retried all the same.
 def _none(names: list[str], reason: str) -> FilterOutcome:
-    return FilterOutcome([], dict.fromkeys(names, reason), {})
+    return FilterOutcome([], {}, dict.fromkeys(names, reason))
 
 
 def _only(names: list[str], node: str, reason: str) -> FilterOutcome:
-    return FilterOutcome([node], {n: reason for n in names if n != node}, {})
+    return FilterOutcome([node], {}, {n: reason for n in names if n != node})
 
 
 def gang_of(pod: PodInfo) -> GangRef | None:

@@ -111,7 +111,9 @@ def bind_pod(extender: str, core: client.CoreV1Api, name: str, node: str) -> str
 
 
 def failures(result: dict[str, Any]) -> set[str]:
-    return set(result["FailedNodes"].values())
+    """A gang's refusals: unresolvable, since no eviction helps a gang (kube-scheduler then skips preemption)."""
+    assert not result["FailedNodes"], result
+    return set(result["FailedAndUnresolvableNodes"].values())
 
 
 def metric(extender: str, name: str) -> float:
