@@ -135,6 +135,7 @@ def test_rbac_is_least_privilege(rendered: dict[str, Docs]) -> None:
         (("",), ("pods",), ("get", "list", "watch", "patch")),
         (("",), ("bindings",), ("create",)),
         (("",), ("events",), ("create",)),
+        (("scheduling.x-k8s.io",), ("podgroups",), ("get",)),
     ]
     assert rules(docs, "gpushare-device-plugin") == [
         (("",), ("pods",), ("get", "list", "watch", "patch")),
