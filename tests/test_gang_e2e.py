@@ -190,6 +190,26 @@ def test_a_gang_of_different_shapes_spans_nodes(core: client.CoreV1Api, loop: Sc
         pods["shape-big"]["spec"]["nodeName"])
 
 
+def test_interleaved_filters_of_two_gangs_hold_one_gang_whole_and_nothing_of_the_other(
+        extender: str, core: client.CoreV1Api) -> None:
+    # kube-scheduler's order, pod by pod: red and blue alternate, each needing three of the four GPUs.
+    for i in range(3):
+        create_pod(core, member(f"r{i}", "r", min_member=3))
+        create_pod(core, member(f"b{i}", "b", min_member=3))
+    wait_for(lambda: bool(filter_pod(extender, core, "r0")["NodeNames"]), "red's plan once the watch shows all")
+    assert metric(extender, "gpushare_extender_gang_held_pods") == 3
+    for name in ("b0", "b1", "b2"):
+        assert failures(filter_pod(extender, core, name)) == {
+            "gang default/b: 1 of the 3 members it still needs fit the cluster at once; nothing is held for it, and "
+            "it waits for capacity"}
+    assert metric(extender, "gpushare_extender_gang_held_pods") == 3  # still only red's
+    assert metric(extender, "gpushare_extender_gangs_waiting") == 1  # blue
+    for name in ("r0", "r1", "r2"):
+        [node] = filter_pod(extender, core, name)["NodeNames"]
+        assert bind_pod(extender, core, name, node) == ""
+    wait_for(lambda: metric(extender, "gpushare_extender_gang_held_pods") == 0, "the watch to confirm red's binds")
+
+
 @pytest.fixture
 def impatient(cluster: LocalCluster) -> Iterator[str]:
     """An extender of its own with a short --gang-timeout, long enough for the checks made while a plan holds."""
