@@ -4,6 +4,7 @@ scheduler loop driving it as kube-scheduler does (serial cycles, background bind
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import ExitStack
 from typing import Any
 
 import httpx
@@ -11,6 +12,7 @@ import orjson
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from test_extender_ha import replica, settled_leader
 from test_extender_harness import T4, T4_MIB, create_pod, gpu_node, pod_body, read_pod, running_extender, spec, wait_for
 
 from extender.config import ExtenderConfig
@@ -208,6 +210,24 @@ def test_interleaved_filters_of_two_gangs_hold_one_gang_whole_and_nothing_of_the
         [node] = filter_pod(extender, core, name)["NodeNames"]
         assert bind_pod(extender, core, name, node) == ""
     wait_for(lambda: metric(extender, "gpushare_extender_gang_held_pods") == 0, "the watch to confirm red's binds")
+
+
+def test_with_two_replicas_the_follower_plans_and_the_leader_binds(cluster: LocalCluster,
+                                                                   core: client.CoreV1Api) -> None:
+    with ExitStack() as stack:
+        urls = [stack.enter_context(replica(cluster, f"gang-{i}")) for i in range(2)]
+        leader = settled_leader(urls)
+        follower = next(u for u in urls if u != leader) + "/gpushare-scheduler"
+        for name in ("h0", "h1"):
+            create_pod(core, member(name, "ha", min_member=2))
+        wait_for(lambda: bool(filter_pod(follower, core, "h0")["NodeNames"]), "the follower's plan")
+        for name in ("h0", "h1"):  # each bind is forwarded to the leader, which binds on the planned node
+            [node] = filter_pod(follower, core, name)["NodeNames"]
+            assert bind_pod(follower, core, name, node) == ""
+            assert read_pod(core, name)["spec"]["nodeName"] == node
+        # The follower's holds give way to what the leader bound, whichever GPUs it chose there.
+        wait_for(lambda: metric(follower, "gpushare_extender_gang_held_pods") == 0, "the follower's watch")
+        assert metric(follower, "gpushare_extender_reservations") == 0
 
 
 @pytest.fixture
