@@ -180,6 +180,7 @@ class Gangs:
         planned: list[Member] = []
         uids: dict[str, tuple[str, PodRequest]] = {}
         without_gpu = 0
+        evaluators: dict[str, Callable[[Node, PodRequest], Candidate | None]] = {}
         for member in waiting:
             try:
                 wanted = request if member.key == pod.key else self._requests.request(member)
@@ -191,7 +192,9 @@ class Gangs:
                 # by the extender: it counts as placed.
                 without_gpu += 1
                 continue
-            planned.append(Member(member.key, wanted, self._evaluator(policy)))
+            # One evaluator per policy: the planner judges each node once per evaluator and request shape.
+            evaluate = evaluators.setdefault(policy.name, self._evaluator(policy))
+            planned.append(Member(member.key, wanted, evaluate))
             uids[member.key] = (member.uid, wanted)
         need = rule.min_member - bound - len(holds) - without_gpu
         if need <= 0:

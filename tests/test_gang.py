@@ -26,7 +26,8 @@ from gpushare.contract import (
 )
 from gpushare.model import GPU, Node
 from gpushare.policies import make_policy
-from gpushare.policies.gang import Member, plan_gang
+from gpushare.policies.base import node_priority
+from gpushare.policies.gang import Member, Placed, copy_node, plan_gang
 
 
 def grouped(labels: dict[str, str], annotations: dict[str, str] | None = None) -> PodInfo:
@@ -138,6 +139,34 @@ def test_a_plan_is_never_over_capacity_and_is_all_it_needs_or_nothing(
         for index in where.gpus:
             free[(where.node, index)] -= requests[key].per_gpu
     assert all(left >= 0 for left in free.values())
+
+
+def naive_plan(nodes: list[Node], gang: list[Member], seed: int = 0) -> dict[str, Placed]:
+    """The planner's rule without its shortcuts: every member asks every node afresh."""
+    copies = [copy_node(n) for n in nodes]
+    placed: dict[str, Placed] = {}
+    for member in sorted(gang, key=lambda m: (-m.request.total, -m.request.gpu_count, m.key)):
+        options = [(c.score, node_priority(n.name, seed), n, c) for n in copies
+                   if (c := member.evaluate(n, member.request)) is not None]
+        if options:
+            _, _, node, candidate = max(options, key=lambda o: o[:2])
+            node.place(member.key, member.request, candidate.gpus)
+            placed[member.key] = Placed(node.name, candidate.gpus)
+    return placed
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 16), min_size=1, max_size=3), min_size=1, max_size=5),
+       st.lists(st.tuples(st.integers(1, 16), st.integers(1, 2), st.sampled_from(["binpack", "spread", "fgd"])),
+                min_size=1, max_size=6))
+def test_the_planner_decides_as_if_every_member_asked_every_node(layout: list[list[int]],
+                                                                 wanted: list[tuple[int, int, str]]) -> None:
+    # Identical nodes (judged once per state) and repeated shapes (judged once, then only the changed node).
+    nodes = [node(f"n{i}", *totals) for i, totals in enumerate(layout + layout)]
+    policies = {name: make_policy(name) for name in ("binpack", "spread", "fgd")}
+    gang = [Member(f"ns/m{i}", PodRequest(per_gpu=size, gpu_count=count), policies[name].evaluate)
+            for i, (size, count, name) in enumerate(wanted)]
+    assert plan_gang(nodes, gang, need=0).placed == naive_plan(nodes, gang)
 
 
 # -- the cache's holds ------------------------------------------------------------------------------------------
