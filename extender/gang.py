@@ -23,7 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from extender.placement import PolicyBook, RequestCache
-from gpushare.cache.fitindex import FilterOutcome
+from gpushare.cache.fitindex import FilterOutcome, shape_key
 from gpushare.cache.gangs import GangIndex
 from gpushare.cache.state import ClusterCache, ReservationError
 from gpushare.contract import (
@@ -199,7 +199,12 @@ class Gangs:
         need = rule.min_member - bound - len(holds) - without_gpu
         if need <= 0:
             return None
-        plan = plan_gang(self._cache.snapshot(names), planned, need, self._tie_seed)
+        # Only nodes where some member fits now can take one (placing the others only takes room): the fit index
+        # answers that in C-level passes, so a gang retried while it does not fit copies few nodes.
+        usable: set[str] = set()
+        for wanted in {shape_key(m.request): m.request for m in planned}.values():
+            usable.update(self._cache.filter(names, wanted).passed)
+        plan = plan_gang(self._cache.snapshot(n for n in names if n in usable), planned, need, self._tie_seed)
         if not plan.placed:
             self.rejections.labels("unfit").inc()
             return _none(names, f"gang {ref.key}: {plan.fitted} of the {need} members it still needs fit the "
