@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -12,13 +13,15 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from extender.binder import UNDO_GRACE_S, Binder, BindOutcome
 from extender.config import ExtenderConfig
 from extender.forward import FORWARDED_BY_HEADER, BindForwarder
+from extender.gang import COMPONENT as GANG_COMPONENT
+from extender.gang import SWEEP_INTERVAL_S, Gangs
 from extender.inspect import inspect_nodes
 from extender.leader import LeaderElector
 from extender.ledger import FilterLedger
@@ -37,10 +40,13 @@ from extender.wire import (
 )
 from gpushare import __version__
 from gpushare.cache.state import ClusterCache
+from gpushare.contract import PodInfo
 from gpushare.kube.api import Kube
 from gpushare.kube.watch import ClusterWatch
 from gpushare.logs import clip
 from gpushare.policies.workload import load_workload
+
+log = logging.getLogger(__name__)
 
 PREFIX = "/gpushare-scheduler"
 # A body must arrive within this long; kube-scheduler sends even a 15,000-node list in well under a second.
@@ -97,6 +103,16 @@ async def _freeze_when_synced(watch: ClusterWatch) -> None:
     gc.freeze()
 
 
+async def _expire_gangs(gangs: Gangs) -> None:
+    """Release gang plans past their timeout, once a second (Events are API calls: off the event loop)."""
+    while True:
+        await asyncio.sleep(SWEEP_INTERVAL_S)
+        try:
+            await run_in_threadpool(gangs.expire)
+        except Exception:  # the sweeper must outlive any one failure; the next round tries again
+            log.exception("releasing timed-out gang plans failed")
+
+
 def _passed(result: dict[str, Any]) -> list[str]:
     """The node names a filter answer passed, in either of kube-scheduler's modes; none when it failed."""
     if result["NodeNames"] is not None:
@@ -141,7 +157,15 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
     watch = ClusterWatch(kube.nodes.list_call, kube.pods.list_call, cache, list_budgets=kube.budgets.list_call)
     book = PolicyBook(config.policy, load_workload(config.workload_seed) if config.workload_seed else None)
     requests = RequestCache()
-    verbs = Verbs(cache, book, requests, config.tie_seed)
+    metrics_registry = CollectorRegistry()
+
+    def gang_event(pod: PodInfo, reason: str, message: str) -> None:
+        kube.pods.record_event(pod.namespace, pod.name, pod.uid, reason=reason, message=message,
+                               component=GANG_COMPONENT)
+
+    gangs = Gangs(cache, watch.gangs, requests, book, kube.pod_groups, gang_event, metrics_registry,
+                  config.gang_timeout_s, config.tie_seed)
+    verbs = Verbs(cache, book, requests, gangs, config.tie_seed)
     preempt = Preempt(cache, requests, watch.budgets)
     binder = Binder(kube.pods, cache, book, watch.pending, config.bind_timeout_s)
     ledger = FilterLedger()
@@ -163,12 +187,13 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
         peer_tls = ClientTLS(config.peer_ca, config.tls_cert, config.tls_key)
         forwarder = BindForwarder(config.leader.identity, peer_tls,
                                   config.bind_timeout_s + UNDO_GRACE_S + ANSWER_MARGIN_S)
-    metrics = ExtenderMetrics(cache, lambda: elector is None or elector.is_leader)
+    metrics = ExtenderMetrics(cache, lambda: elector is None or elector.is_leader, metrics_registry)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         watch.start()
         freezer = asyncio.create_task(_freeze_when_synced(watch))
+        sweeper = asyncio.create_task(_expire_gangs(gangs))
         if elector is not None and forwarder is not None:
             await forwarder.open()
             elector.start()
@@ -176,6 +201,7 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
             yield
         finally:
             freezer.cancel()
+            sweeper.cancel()
             if elector is not None and forwarder is not None:
                 # Requests have finished by now: hand the lease back so that a peer binds at once.
                 await run_in_threadpool(elector.stop)

@@ -140,7 +140,8 @@ class Binder:
                                      deadline.extended(UNDO_GRACE_S))
                 raise
         except BaseException:
-            self._cache.release(reservation)
+            if not reservation.gang:  # a gang's plan keeps its GPUs for the pod's next bind, until its timeout
+                self._cache.release(reservation)
             raise
         return reservation.placement.gpu_indices
 
@@ -160,6 +161,11 @@ class Binder:
         return pod
 
     def _reserve(self, pod: PodInfo, request: PodRequest, node_name: str) -> Reservation:
+        held = self._cache.gang_hold(pod.key)
+        if held is not None and held.uid == pod.uid:
+            if held.node != node_name:
+                raise _Failed(f"its gang's plan holds its GPUs on node {held.node}")
+            return held  # the GPUs the gang's plan chose, held since its filter
         try:
             policy = self._book.for_request(request)
         except ValueError as exc:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from extender.binder import DEFAULT_BUDGET_S
+from extender.gang import DEFAULT_GANG_TIMEOUT_S
 from extender.leader import DEFAULT_LEASE_DURATION_S, DEFAULT_LEASE_NAME, DEFAULT_RENEW_PERIOD_S, LeaseSettings
 from gpushare.contract import MemoryUnit
 from gpushare.logs import LEVELS, clip
@@ -29,6 +30,8 @@ DEFAULT_MAX_BINDS = 32
 DEFAULT_MAX_BODY_BYTES = 320 * 2**20
 # Seconds a bind's budget may be set to at most: kube-scheduler's httpTimeout is rarely above 30 s.
 MAX_BUDGET_S = 60.0
+# A gang's plan holds GPUs idle while it waits for its binds: an hour is already far too long.
+MAX_GANG_TIMEOUT_S = 3600.0
 
 
 class ConfigError(ValueError):
@@ -55,6 +58,7 @@ class ExtenderConfig:
     bind_timeout_s: float = DEFAULT_BUDGET_S  # each bind's time budget, every API call included
     max_binds: int = DEFAULT_MAX_BINDS  # binds in flight at once
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # the largest request body read
+    gang_timeout_s: float = DEFAULT_GANG_TIMEOUT_S  # how long a gang plan waits for its binds, unless its PodGroup says
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -100,6 +104,10 @@ def _parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-body-bytes", type=int, default=None, metavar="BYTES",
                         help=f"largest request body accepted (default: $GPUSHARE_MAX_BODY_BYTES, else "
                              f"{DEFAULT_MAX_BODY_BYTES}, a NodeList of 15,000 nodes)")
+    limits.add_argument("--gang-timeout", type=float, default=None, metavar="SECONDS",
+                        help=f"how long the GPUs a gang's plan holds wait for all its members to bind before they are "
+                             f"released, for gangs whose PodGroup sets no scheduleTimeoutSeconds (default: "
+                             f"$GPUSHARE_GANG_TIMEOUT, else {DEFAULT_GANG_TIMEOUT_S:g})")
     ha = parser.add_argument_group("high availability (several replicas, one of which binds)")
     ha.add_argument("--leader-elect", action="store_true",
                     help="elect one replica to bind through a Lease; the others forward binds to it")
@@ -194,13 +202,18 @@ def parse_config(argv: Sequence[str] | None = None) -> ExtenderConfig:
                        int)
     if not 64 * 1024 <= max_body <= 2**32:
         raise ConfigError(f"--max-body-bytes {max_body} must be from 65536 (64 KiB) to 4294967296 (4 GiB).")
+    gang_timeout = _number(args.gang_timeout, "--gang-timeout", "GPUSHARE_GANG_TIMEOUT", DEFAULT_GANG_TIMEOUT_S,
+                           float)
+    if not 0 < gang_timeout <= MAX_GANG_TIMEOUT_S:
+        raise ConfigError(f"--gang-timeout {gang_timeout:g} must be above 0 and at most {MAX_GANG_TIMEOUT_S:g} "
+                          "seconds.")
     return ExtenderConfig(host=args.host, port=port, bind_timeout_s=bind_timeout, max_binds=max_binds,
                           max_body_bytes=max_body, tls_cert=args.tls_cert, tls_key=args.tls_key,
                           tls_client_ca=args.tls_client_ca, health_port=None if health_port == -1 else health_port,
                           unit=MemoryUnit(args.unit), log_level=args.log_level, policy=args.policy,
                           tie_seed=args.tie_seed, kubeconfig=args.kubeconfig, context=args.context,
                           leader=_lease_settings(args, port),
-                          peer_ca=args.peer_ca, workload_seed=args.workload_seed)
+                          peer_ca=args.peer_ca, workload_seed=args.workload_seed, gang_timeout_s=gang_timeout)
 
 
 def _env_path(name: str) -> Path | None:

@@ -58,8 +58,8 @@ class _ClusterCollector(Collector):
 class ExtenderMetrics:
     """One registry per app, so several extenders can live in one process (tests, benchmarks)."""
 
-    def __init__(self, cache: ClusterCache, is_leader: Callable[[], bool] = lambda: True) -> None:
-        self.registry = CollectorRegistry()
+    def __init__(self, cache: ClusterCache, is_leader: Callable[[], bool], registry: CollectorRegistry) -> None:
+        self.registry = registry
         self.requests = Counter("gpushare_extender_requests", "Extender requests by verb and HTTP status.",
                                 ["verb", "code"], registry=self.registry)
         self.latency = Histogram("gpushare_extender_request_duration_seconds",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from extender.gang import gang_of
 from extender.placement import RequestCache
 from extender.wire import PreemptionArgs, preemption_result
 from gpushare.cache.budgets import Budgets
@@ -29,7 +30,9 @@ class Preempt:
             request = self.cache.resolve(self.requests.request(args.pod))
         except ValueError:  # filter has already told the pod's owner; a pod that cannot be placed evicts nobody
             return preemption_result({})
-        if not request.preempts:
+        if not request.preempts or gang_of(args.pod) is not None:
+            # A gang member evicts nobody: room for one member is no use to a gang that cannot place the others,
+            # and the gang's own plan decides where its members go.
             return preemption_result({})
         if not request.gpu_count:
             # kube-scheduler's dry run already judged everything a pod without GPUs needs: its victims stand.

@@ -5,20 +5,23 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from extender.gang import Gangs
 from extender.placement import PolicyBook, RequestCache
 from extender.wire import ExtenderArgs, check_node_names, filter_result
 from gpushare.cache.fitindex import shape_key
 from gpushare.cache.state import ClusterCache
 from gpushare.model import Node
 from gpushare.policies import extender_scores
-from gpushare.policies.base import InventoryAware, policy_version
+from gpushare.policies.base import MAX_EXTENDER_SCORE, InventoryAware, policy_version
 
 
 class Verbs:
-    def __init__(self, cache: ClusterCache, book: PolicyBook, requests: RequestCache, tie_seed: int = 0) -> None:
+    def __init__(self, cache: ClusterCache, book: PolicyBook, requests: RequestCache, gangs: Gangs,
+                 tie_seed: int = 0) -> None:
         self.cache = cache
         self.book = book
         self.requests = requests
+        self.gangs = gangs
         self.tie_seed = tie_seed
 
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:
@@ -34,7 +37,11 @@ class Verbs:
             # kube-scheduler has already checked CPU and memory; only GPU requests need the extender's view.
             self.book.observe_once(args.pod.uid or args.pod.key, request)
             return filter_result(args, names, {}, {})
-        outcome = self.cache.filter(names, request, args.pod.uid)
+        try:
+            gang = self.gangs.filter(args.pod, request, names)
+        except ValueError as exc:  # a gang's field that cannot be read: the pod's error, like its request's
+            return filter_result(args, None, {}, {}, str(exc))
+        outcome = gang if gang is not None else self.cache.filter(names, request, args.pod.uid)
         # Only shapes that some node could run, at least when empty, teach the workload: every node the cache
         # does not know lands in FailedNodes, so more failed nodes than unknown ones means a real node could.
         if outcome.passed or len(outcome.failed) > len(unknown):
@@ -49,6 +56,10 @@ class Verbs:
             policy = self.book.for_request(wanted)
         except ValueError:  # filter has already told kube-scheduler why
             return [{"Host": name, "Score": 0} for name in names]
+
+        planned = self.gangs.planned_node(args.pod)
+        if planned is not None:  # filter passed only this node; should kube-scheduler send more, it goes first
+            return [{"Host": name, "Score": MAX_EXTENDER_SCORE if name == planned else 0} for name in names]
 
         if isinstance(policy, InventoryAware):
             policy.observe_inventory(self.cache.gpu_capacity())

@@ -32,6 +32,7 @@ Request semantics (documented in the README):
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -703,3 +704,84 @@ def decode_inventory(text: str) -> tuple[GPUInventoryEntry, ...]:
     except (ValueError, TypeError, KeyError, AssertionError) as exc:
         raise ValueError(f"The {ANN_NODE_INVENTORY} annotation is not a JSON list of GPUs ({exc}); "
                          "restart the node's device plugin to rewrite it.") from None
+
+
+# Gangs: pods that start together (see docs/extender.md, "Gangs"). Two vocabularies name a gang: the coscheduling
+# plugin of kubernetes-sigs/scheduler-plugins (a label naming a PodGroup, whose spec.minMember says how many must
+# start at once; where the PodGroup CRD is absent, our annotation says it) and KubeShare 2.0's labels.
+LABEL_POD_GROUP = "scheduling.x-k8s.io/pod-group"
+ANN_GROUP_MIN_MEMBER = PREFIX + "group-min-member"
+KUBESHARE_GROUP_NAME = "sharedgpu/group_name"
+KUBESHARE_GROUP_HEADCOUNT = "sharedgpu/group_headcount"
+KUBESHARE_GROUP_THRESHOLD = "sharedgpu/group_threshold"
+
+# Far above any gang a cluster could place at once; it bounds the integers read from user text.
+MAX_GANG_SIZE = 100_000
+
+
+@dataclass(frozen=True)
+class GangRef:
+    """The gang a pod belongs to, as the pod itself says it.
+
+    ``min_member`` is how many of its pods must be placed at once as the pod says it: KubeShare's labels, or for a
+    coscheduling pod group the ``gpushare.io/group-min-member`` annotation, which counts only where no PodGroup
+    object exists (the extender reads it); ``None`` when the pod says nothing.
+    """
+
+    namespace: str
+    name: str
+    min_member: int | None
+    source: str
+    """The label that named the gang, for sentences: ``scheduling.x-k8s.io/pod-group`` or ``sharedgpu/group_name``."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def _whole(pod: PodInfo, where: str, name: str, text: str) -> int:
+    stripped = text.strip()
+    # At most 6 digits before int(): a 5,000-digit value is refused without converting it.
+    if not stripped.isdigit() or len(stripped) > 6 or not 1 <= int(stripped) <= MAX_GANG_SIZE:
+        raise RequestError(f"Pod {pod.key} has {where} {name}={clip(text)}; use a whole number of pods from 1 to "
+                           f"{MAX_GANG_SIZE}.")
+    return int(stripped)
+
+
+def _kubeshare_min(pod: PodInfo) -> int:
+    """KubeShare 2.0: ``ceil(headcount x threshold)`` pods start together; threshold 1 when absent."""
+    headcount_text = pod.labels.get(KUBESHARE_GROUP_HEADCOUNT)
+    if headcount_text is None:
+        raise RequestError(f"Pod {pod.key} has label {KUBESHARE_GROUP_NAME} but no {KUBESHARE_GROUP_HEADCOUNT}; set "
+                           "it to the number of pods in the group.")
+    headcount = _whole(pod, "label", KUBESHARE_GROUP_HEADCOUNT, headcount_text)
+    threshold_text = pod.labels.get(KUBESHARE_GROUP_THRESHOLD)
+    if threshold_text is None:
+        return headcount
+    try:
+        threshold = float(threshold_text.strip()) if len(threshold_text) <= 20 else math.nan
+    except ValueError:
+        threshold = math.nan
+    if not 0 < threshold <= 1:  # NaN fails both comparisons
+        raise RequestError(f"Pod {pod.key} has label {KUBESHARE_GROUP_THRESHOLD}={clip(threshold_text)}; use a "
+                           "fraction of the group's headcount above 0 and at most 1 (1: every pod starts together).")
+    return max(1, math.ceil(headcount * threshold - 1e-9))
+
+
+def read_gang(pod: PodInfo) -> GangRef | None:
+    """The pod's gang, or ``None`` when it names none; ``RequestError`` naming the field when a value is wrong."""
+    group = pod.labels.get(LABEL_POD_GROUP)
+    if group is not None:
+        if not group.strip():
+            raise RequestError(f"Pod {pod.key} has an empty label {LABEL_POD_GROUP}; set it to the name of its "
+                               "PodGroup, or remove it.")
+        text = pod.annotations.get(ANN_GROUP_MIN_MEMBER)
+        minimum = None if text is None else _whole(pod, "annotation", ANN_GROUP_MIN_MEMBER, text)
+        return GangRef(pod.namespace, group.strip(), minimum, LABEL_POD_GROUP)
+    name = pod.labels.get(KUBESHARE_GROUP_NAME)
+    if name is not None:
+        if not name.strip():
+            raise RequestError(f"Pod {pod.key} has an empty label {KUBESHARE_GROUP_NAME}; set it to the group's "
+                               "name, or remove it.")
+        return GangRef(pod.namespace, name.strip(), _kubeshare_min(pod), KUBESHARE_GROUP_NAME)
+    return None

@@ -136,6 +136,7 @@ def test_rbac_is_least_privilege(rendered: dict[str, Docs]) -> None:
         (("",), ("bindings",), ("create",)),
         (("",), ("events",), ("create",)),
         (("policy",), ("poddisruptionbudgets",), ("list", "watch")),
+        (("scheduling.x-k8s.io",), ("podgroups",), ("get",)),
     ]
     assert rules(docs, "gpushare-device-plugin") == [
         (("",), ("pods",), ("get", "list", "watch", "patch")),

@@ -97,6 +97,8 @@ def test_config_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> N
     ([], {"GPUSHARE_BIND_TIMEOUT": "soon"}, "GPUSHARE_BIND_TIMEOUT='soon' is not a number"),
     (["--max-concurrent-binds", "0"], {}, "--max-concurrent-binds 0 must be from 1 to 1024"),
     ([], {"GPUSHARE_MAX_BODY_BYTES": "100"}, "--max-body-bytes 100 must be from 65536"),
+    (["--gang-timeout", "0"], {}, "--gang-timeout 0 must be above 0 and at most 3600 seconds"),
+    ([], {"GPUSHARE_GANG_TIMEOUT": "later"}, "GPUSHARE_GANG_TIMEOUT='later' is not a number"),
 ])
 def test_bad_config_is_a_sentence(monkeypatch: pytest.MonkeyPatch, argv: list[str], env: dict[str, str],
                                   message: str) -> None:
@@ -113,6 +115,8 @@ def test_limits_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> N
     config = parse_config(["--max-body-bytes", "1048576"])
     assert (config.bind_timeout_s, config.max_binds, config.max_body_bytes) == (2.5, 8, 1048576)
     assert parse_config(["--bind-timeout", "4"]).bind_timeout_s == 4.0
+    assert parse_config([]).gang_timeout_s == 60.0
+    assert parse_config(["--gang-timeout", "90"]).gang_timeout_s == 90.0
 
 
 def test_bad_config_exits_with_status_2() -> None:

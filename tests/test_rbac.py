@@ -1,10 +1,11 @@
 """The chart's RBAC against the calls the code makes: nothing the code calls is missing, nothing granted is unused.
 
-Derived, not listed: each public method of the kube layer (``gpushare.kube.api``'s Pods, Nodes and Leases) is
-called against a client whose transport records the HTTP request instead of sending it, and the request is read as
-RBAC reads it (API group, resource[/subresource], verb). ``list_call`` is the informer's list and watch. Then the
-source of each component is scanned for the kube-layer methods it uses on the ``pods``, ``nodes`` and ``leases``
-it was handed. A method added to the kube layer, or a new use of one in a component, changes the derived set.
+Derived, not listed: each public method of the kube layer (``gpushare.kube.api``'s Pods, Nodes, Leases and
+PodGroups) is called against a client whose transport records the HTTP request instead of sending it, and the
+request is read as RBAC reads it (API group, resource[/subresource], verb). ``list_call`` is the informer's list and
+watch. Then the source of each component is scanned for the kube-layer methods it uses on the ``pods``, ``nodes``,
+``leases`` and ``pod_groups`` it was handed. A method added to the kube layer, or a new use of one in a component,
+changes the derived set.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from gpushare.kube.api import Kube
 ROOT = Path(__file__).resolve().parents[1]
 Grant = tuple[str, str, str]  # (API group, resource, verb)
 RESOURCES = {"pods": "pods", "_pods": "pods", "nodes": "nodes", "_nodes": "nodes", "leases": "leases",
-             "_leases": "leases", "budgets": "budgets", "_budgets": "budgets"}
+             "_leases": "leases", "budgets": "budgets", "_budgets": "budgets", "pod_groups": "pod_groups",
+             "_pod_groups": "pod_groups"}
 
 
 class _Recorded(BaseException):
@@ -77,11 +79,13 @@ def _kube_layer_grants() -> dict[tuple[str, str], set[Grant]]:
         ("leases", "read"): [{"namespace": "ns", "name": "l"}],
         ("leases", "create"): [{"namespace": "ns", "body": {"metadata": {"name": "l"}}}],
         ("leases", "replace"): [{"namespace": "ns", "name": "l", "body": {}}],
+        ("pod_groups", "read"): [{"namespace": "ns", "name": "g"}],
         ("pods", "list_call"): [{"_preload_content": False}, {"_preload_content": False, "watch": True}],
         ("nodes", "list_call"): [{"_preload_content": False}, {"_preload_content": False, "watch": True}],
         ("budgets", "list_call"): [{"_preload_content": False}, {"_preload_content": False, "watch": True}],
     }
-    public = {(attr, name) for attr in ("pods", "nodes", "leases", "budgets") for name in dir(getattr(kube, attr))
+    public = {(attr, name) for attr in ("pods", "nodes", "leases", "budgets", "pod_groups")
+              for name in dir(getattr(kube, attr))
               if not name.startswith("_") and callable(getattr(getattr(kube, attr), name)) and name != "host"}
     assert public == set(calls), ("the kube layer's methods changed; teach this test how to call "
                                   f"{sorted(public ^ set(calls))}")

@@ -34,6 +34,7 @@ from gpushare.contract import (
     read_assignment,
 )
 from gpushare.model import Node, Placement, build_node, gpu_capacity, placement_of, state_signature
+from gpushare.policies.gang import copy_node
 from gpushare.preemption import Held, VictimSet, ViolationCount, find_victims, hold
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ class Reservation:
     placement: Placement
     gpu_totals: tuple[int, ...]
     unit: MemoryUnit
+    gang: str = ""
+    """The gang (namespace/name) whose plan holds these GPUs for the pod until it binds; empty for a bind's own."""
 
 
 class _Entry:
@@ -374,6 +377,71 @@ class ClusterCache:
     def reservations(self) -> int:
         return len(self._reservations)
 
+    # -- gangs: GPUs held for every planned member at once ----------------------------------------------------
+
+    def snapshot(self, names: Iterable[str]) -> list[Node]:
+        """Copies of the known nodes among ``names``, each read under its lock, for planning without locks."""
+        out = []
+        for name in names:
+            with self.locked(name) as node:
+                if node is not None:
+                    out.append(copy_node(node))
+        return out
+
+    def hold_gang(self, gang: str, members: Mapping[str, tuple[str, PodRequest, str, tuple[int, ...]]]) -> None:
+        """Hold GPUs for every member of ``gang`` at once (pod key -> UID, request, node, GPUs), or for none.
+
+        Every node involved is locked (in name order) for the whole step, so no filter or bind sees part of the
+        plan; ``ReservationError`` when any member no longer fits or is placed already, and nothing is held.
+        """
+        names = sorted({node for _, _, node, _ in members.values()})
+        entries = [self._entries.get(name) for name in names]
+        with ExitStack() as stack:
+            for name, entry in zip(names, entries, strict=True):
+                if entry is None:
+                    raise ReservationError(f"node {name} is not in the gpushare extender's cache")
+                stack.enter_context(entry.lock)
+                if entry.info is None:
+                    raise ReservationError(f"node {name} is not in the gpushare extender's cache")
+            by_name = {e.name: e for e in entries if e is not None}
+            done: list[Reservation] = []
+            with self._registry:
+                try:
+                    for key, (uid, request, node_name, gpus) in members.items():
+                        self._check_unplaced(key)
+                        node = by_name[node_name].state
+                        try:
+                            placement = node.place(key, request, gpus)
+                        except ValueError as exc:
+                            raise ReservationError(str(exc)) from None
+                        totals = tuple(g.total for i in gpus if (g := node.gpu(i)) is not None)
+                        reservation = Reservation(node_name, key, uid, placement, totals, node.unit, gang)
+                        self._reservations[key] = reservation
+                        self._pod_nodes[key] = node_name
+                        done.append(reservation)
+                except ReservationError:
+                    for reservation in done:
+                        del self._reservations[reservation.pod_key]
+                        del self._pod_nodes[reservation.pod_key]
+                        by_name[reservation.node].state.remove(reservation.pod_key)
+                    raise
+            for entry in by_name.values():
+                self._refresh(entry)
+
+    def gang_hold(self, pod_key: str) -> Reservation | None:
+        """The GPUs a gang's plan holds for the pod, while it is not bound yet."""
+        reservation = self._reservations.get(pod_key)
+        return reservation if reservation is not None and reservation.gang else None
+
+    def gang_holds(self, gang: str) -> list[Reservation]:
+        """Every hold of ``gang``'s plan whose pod is not bound yet."""
+        with self._registry:
+            return [r for r in self._reservations.values() if r.gang == gang]
+
+    def held_gangs(self) -> set[str]:
+        with self._registry:
+            return {r.gang for r in self._reservations.values() if r.gang}
+
     # -- feeding from the API ------------------------------------------------------------------------------
 
     def replace_nodes(self, infos: Iterable[NodeInfo]) -> None:
@@ -493,7 +561,9 @@ class ClusterCache:
                 current = self._pod_nodes.get(key)
                 reservation = self._reservations.get(key)
             if reservation is not None:
-                confirmed = target is not None and self._confirms(reservation, *target)
+                # A gang's hold gives way to the pod bound anywhere: with several replicas the leader binds it on
+                # GPUs of its own choosing, and what the API says the pod holds is what counts.
+                confirmed = target is not None and (bool(reservation.gang) or self._confirms(reservation, *target))
                 ended = gone and pod.uid == reservation.uid
                 if not confirmed and not ended:
                     return  # an event from before the bind, or a rival's; the bind settles it either way

@@ -2,11 +2,11 @@
 
 The official client's hints describe model objects, not the raw replies read here, and it raises
 ``ApiException`` for answers and urllib3 or OS errors for everything else; all of that stops here. Callers
-see ``Pods``, ``Nodes``, ``Leases`` and ``DisruptionBudgets``, JSON dicts, and ``KubeError`` subclasses whose
-text is a sentence saying what happened and what to do. Replies are read raw (``_preload_content=False``):
-at thousands of pods, building the client's model objects costs more than the rest of the work. Every call
-carries a timeout, overridable so that a caller with a deadline can pass what is left of it; together with the
-loader's ``retries = False`` nothing waits longer than its caller allows.
+see ``Pods``, ``Nodes``, ``Leases``, ``DisruptionBudgets`` and ``PodGroups``, JSON dicts, and ``KubeError``
+subclasses whose text is a sentence saying what happened and what to do. Replies are read raw
+(``_preload_content=False``): at thousands of pods, building the client's model objects costs more than the
+rest of the work. Every call carries a timeout, overridable so that a caller with a deadline can pass what is
+left of it; together with the loader's ``retries = False`` nothing waits longer than its caller allows.
 """
 
 from __future__ import annotations
@@ -288,6 +288,24 @@ class DisruptionBudgets(_Resource):
         self.list_call = _list_call(client.PolicyV1Api(api_client).list_pod_disruption_budget_for_all_namespaces)
 
 
+class PodGroups(_Resource):
+    """scheduler-plugins' coscheduling PodGroups (``scheduling.x-k8s.io/v1alpha1``), a CRD a cluster may not have."""
+
+    GROUP = "scheduling.x-k8s.io"
+    VERSION = "v1alpha1"
+    PLURAL = "podgroups"
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        super().__init__(api_client)
+        self._custom = client.CustomObjectsApi(api_client)
+
+    def read(self, namespace: str, name: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Obj:
+        """The PodGroup; ``NotFound`` when it does not exist, or when the cluster has no PodGroup CRD at all."""
+        return self._json(_Action(f"read PodGroup {namespace}/{name}", "get", self.PLURAL),
+                          self._custom.get_namespaced_custom_object, self.GROUP, self.VERSION, namespace, self.PLURAL,
+                          name, timeout_s=timeout_s)
+
+
 @dataclass(frozen=True)
 class Kube:
     """One API server as gpushare uses it. Tests swap a part (``dataclasses.replace``) to stage races."""
@@ -296,10 +314,12 @@ class Kube:
     nodes: Nodes
     leases: Leases
     budgets: DisruptionBudgets
+    pod_groups: PodGroups
 
     @classmethod
     def from_api_client(cls, api_client: client.ApiClient) -> Kube:
-        return cls(Pods(api_client), Nodes(api_client), Leases(api_client), DisruptionBudgets(api_client))
+        return cls(Pods(api_client), Nodes(api_client), Leases(api_client), DisruptionBudgets(api_client),
+                   PodGroups(api_client))
 
     @property
     def host(self) -> str:

@@ -6,9 +6,10 @@ import logging
 from collections.abc import Iterable, Iterator
 
 from gpushare.cache.budgets import Budgets
+from gpushare.cache.gangs import GangIndex
 from gpushare.cache.pending import PendingPods
 from gpushare.cache.state import ClusterCache
-from gpushare.contract import PodInfo
+from gpushare.contract import KUBESHARE_GROUP_NAME, LABEL_POD_GROUP, PodInfo
 from gpushare.kube.api import ListCall, Obj
 from gpushare.kube.convert import budget_info, node_info, pod_info
 from gpushare.kube.informer import Informer
@@ -30,6 +31,7 @@ class ClusterWatch:
         self.cache = cache
         self.pending = PendingPods()
         self.budgets = Budgets()
+        self.gangs = GangIndex()
         # Streamed: the cache takes each page as it arrives, so start-up holds one page of raw JSON objects,
         # not every pod of the cluster (bench/bench_startup.py measures the difference).
         self._nodes = Informer(list_nodes, on_sync=self._sync_nodes, on_event=self._node_event,
@@ -74,6 +76,7 @@ class ClusterWatch:
     def _sync_pods(self, items: Iterator[Obj]) -> None:
         counted = _Counted(items)
         pending: list[PodInfo] = []
+        grouped: list[PodInfo] = []
 
         bound: list[PodInfo] = []
 
@@ -83,11 +86,14 @@ class ClusterWatch:
                     pending.append(pod)
                 elif pod.labels:
                     bound.append(pod)
+                if pod.labels and (LABEL_POD_GROUP in pod.labels or KUBESHARE_GROUP_NAME in pod.labels):
+                    grouped.append(pod)
                 yield pod
 
         self.cache.replace_pods(noting_pending(pod_info(o) for o in counted))
         self.pending.replace(pending)
         self.budgets.note_pods(bound, replace=True)
+        self.gangs.replace(grouped)
         log.info("pod list loaded", extra={"pods": counted.count})
 
     def _pod_event(self, kind: str, obj: Obj) -> None:
@@ -96,9 +102,11 @@ class ClusterWatch:
             self.cache.delete_pod(pod)
             self.pending.delete(pod)
             self.budgets.forget_pod(pod.key)
+            self.gangs.delete(pod)
         else:
             self.cache.upsert_pod(pod)
             self.pending.update(pod)
+            self.gangs.update(pod)
             self.budgets.note_pods([pod])
 
     def _sync_budgets(self, items: list[Obj]) -> None:

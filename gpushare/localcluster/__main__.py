@@ -11,6 +11,7 @@ from types import FrameType
 
 from gpushare.clusterspec import ClusterSpec, ClusterSpecError, load_cluster_spec
 from gpushare.localcluster.cluster import LocalCluster
+from gpushare.localcluster.resources import CRDS
 from gpushare.logs import LEVELS, configure_logging
 
 log = logging.getLogger("gpushare.localcluster")
@@ -32,6 +33,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="do not publish GPU resources and inventory on nodes (leave it to the device plugin)")
     parser.add_argument("--event-window", type=int, default=1000, metavar="N",
                         help="changes per kind a watch can resume from before it gets 410 Gone (default: %(default)s)")
+    parser.add_argument("--podgroups", action="store_true",
+                        help="serve scheduler-plugins' PodGroup CRD (scheduling.x-k8s.io/v1alpha1 podgroups), as a "
+                             "cluster with coscheduling installed does")
     parser.add_argument("--log-level", default="INFO", choices=LEVELS,
                         help="least severe level to log, as JSON lines on stderr (default: %(default)s)")
     return parser.parse_args(argv)
@@ -56,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     cluster = LocalCluster(spec, publish_inventory=not args.no_inventory, host=args.host, port=args.port,
-                           event_window=args.event_window)
+                           event_window=args.event_window, crds=CRDS if args.podgroups else ())
     try:
         cluster.start()
     except RuntimeError as exc:

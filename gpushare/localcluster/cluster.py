@@ -23,7 +23,7 @@ from kubernetes import client
 from gpushare.clusterspec import ClusterSpec
 from gpushare.localcluster.errors import ApiError
 from gpushare.localcluster.nodes import node_object
-from gpushare.localcluster.resources import NODES
+from gpushare.localcluster.resources import NODES, Resource
 from gpushare.localcluster.server import ApiServer
 from gpushare.localcluster.store import Store
 
@@ -57,8 +57,10 @@ class LocalCluster:
     """
 
     def __init__(self, spec: ClusterSpec | None = None, publish_inventory: bool = True, host: str = "127.0.0.1",
-                 port: int = 0, event_window: int = 1000) -> None:
+                 port: int = 0, event_window: int = 1000, crds: tuple[Resource, ...] = ()) -> None:
         self.spec = spec or ClusterSpec()
+        self.crds = crds
+        """Custom resources the API server serves besides the built-in kinds (``resources.CRDS``), as if installed."""
         self.publish_inventory = publish_inventory
         self.host = host
         self.port = port
@@ -79,7 +81,7 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         if self._server is not None:
             raise RuntimeError("The local cluster is already running; stop() it before starting it again.")
-        store = Store(self.event_window)
+        store = Store(self.event_window, self.crds)
         for ordinal, node in enumerate(self.spec.nodes):
             try:
                 store.create(NODES, None, node_object(node, ordinal, self.publish_inventory))

@@ -88,9 +88,14 @@ PRIORITY_CLASSES = Resource("priorityclasses", "priorityclass", "PriorityClass",
 BUDGETS = Resource("poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget", True, group="policy",
                    short_names=("pdb",), subresources=("status",))
 
+# scheduler-plugins' coscheduling PodGroup: a CRD, served only by clusters started with it (``LocalCluster(crds=...)``),
+# so that a cluster without it answers 404 as a real one without the CRD does.
+PODGROUPS = Resource("podgroups", "podgroup", "PodGroup", True, group="scheduling.x-k8s.io", version="v1alpha1",
+                     short_names=("pg", "pgs"), subresources=("status",))
+
 RESOURCES = (PODS, NODES, NAMESPACES, CONFIGMAPS, EVENTS, LEASES, PRIORITY_CLASSES, BUDGETS)
-BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
-GROUPS = {"coordination.k8s.io": "v1", "scheduling.k8s.io": "v1", "policy": "v1"}
+CRDS = (PODGROUPS,)
+BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES + CRDS}
 
 def check_name(resource: Resource, name: str) -> None:
     """Namespaces need a DNS label; every other kind a DNS subdomain, as in Kubernetes."""
@@ -202,6 +207,8 @@ def validate(resource: Resource, obj: Obj) -> None:
         errors.extend(priority.validate_priority_class(obj))
     elif resource is BUDGETS:
         errors.extend(budgets.validate_budget(obj))
+    elif resource is PODGROUPS:
+        errors.extend(validation.validate_podgroup_spec(obj.get("spec")))
     if errors:
         raise validation.invalid_object(resource.kind, resource.group, obj["metadata"]["name"], errors)
 

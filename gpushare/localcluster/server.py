@@ -135,7 +135,7 @@ class _ObjectCounts(Collector):
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily("localcluster_objects", "Objects stored in the local cluster, by resource.",
                                    labels=["resource"])
-        for resource in kinds.RESOURCES:
+        for resource in self._store.served:
             family.add_metric([qualified(resource.plural, resource.group)], self._store.count(resource))
         yield family
 
@@ -197,8 +197,7 @@ class ApiServer:
 
     # -- routing -----------------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _target(request: Request) -> Target | None:
+    def _target(self, request: Request) -> Target | None:
         """The resource a URL names, or None for the discovery and health endpoints."""
         parts = [p for p in request.path.split("/") if p]
         if len(parts) >= 3 and parts[0] == "api":
@@ -215,7 +214,7 @@ class ApiServer:
         if (group, version, rest[0]) == ("", "v1", "bindings") and namespace is not None and len(rest) == 1:
             return Target(PODS, namespace, None, "binding")
         resource = kinds.BY_PATH.get((group, version, rest[0]))
-        if resource is None or (namespace is not None and not resource.namespaced):
+        if resource is None or resource not in self.store.served or (namespace is not None and not resource.namespaced):
             raise _no_such_path()
         if len(rest) > 1 and resource.namespaced and namespace is None:
             raise _no_such_path()
@@ -262,14 +261,15 @@ class ApiServer:
         if path == "/api/v1":
             return _json(200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "v1",
                                "resources": kinds.core_discovery()})
+        served_groups = {r.group: r.version for r in self.store.served if r.group}
         if path == "/apis":
-            groups = [_group(group, version) for group, version in kinds.GROUPS.items()]
+            groups = [_group(group, version) for group, version in served_groups.items()]
             return _json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
-        for group, version in kinds.GROUPS.items():
+        for group, version in served_groups.items():
             if path == f"/apis/{group}":
                 return _json(200, {"kind": "APIGroup", "apiVersion": "v1", **_group(group, version)})
             if path == f"/apis/{group}/{version}":
-                served = tuple(r for r in kinds.RESOURCES if r.group == group and r.version == version)
+                served = tuple(r for r in self.store.served if r.group == group and r.version == version)
                 return _json(200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}",
                                    "resources": kinds.discovery(served)})
         raise _no_such_path()

@@ -216,12 +216,14 @@ def parse_version(text: str) -> int:
 
 
 class Store:
-    def __init__(self, event_window: int = 1000) -> None:
+    def __init__(self, event_window: int = 1000, crds: tuple[Resource, ...] = ()) -> None:
         if event_window < 1:
             raise ValueError("event_window must be at least 1: it is how many changes per kind a watch can resume "
                              "from.")
         self.version = 1
-        self._collections = {r: Collection(r, event_window, self.version) for r in kinds.RESOURCES}
+        self.served = kinds.RESOURCES + crds
+        """The kinds this cluster serves: the built-in ones and the custom resources it was started with."""
+        self._collections = {r: Collection(r, event_window, self.version) for r in self.served}
         for name in kinds.INITIAL_NAMESPACES:
             self.create(NAMESPACES, None, {"metadata": {"name": name}})
         for pc in system_classes():

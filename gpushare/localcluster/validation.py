@@ -389,3 +389,28 @@ def validate_node_resources(status: Any) -> Iterator[FieldError]:
             path = f"status.{key}.{name}"
             yield from _resource_name_errors(name, path, container=False)
             yield from _quantity_errors(name, value, path)
+
+
+_INT32_MAX = 2**31 - 1
+
+
+def validate_podgroup_spec(spec: Any) -> Iterator[FieldError]:
+    """The PodGroup CRD's OpenAPI schema (scheduler-plugins, ``scheduling.x-k8s.io/v1alpha1``) for the fields
+    gpushare reads: ``minMember`` and ``scheduleTimeoutSeconds``, int32 integers, ``minMember`` at least 0."""
+    if spec is None:
+        return
+    if not isinstance(spec, dict):
+        yield invalid_value("spec", _JSON_TYPES.get(type(spec), "null"), 'spec in body must be of type object: '
+                            f'"{_JSON_TYPES.get(type(spec), "null")}"')
+        return
+    for key, minimum in (("minMember", 0), ("scheduleTimeoutSeconds", None)):
+        if key not in spec or spec[key] is None:
+            continue
+        value, path = spec[key], f"spec.{key}"
+        if not isinstance(value, int) or isinstance(value, bool):
+            kind = _JSON_TYPES.get(type(value), "null")
+            yield invalid_value(path, kind, f'{path} in body must be of type integer: "{kind}"')
+        elif minimum is not None and value < minimum:
+            yield invalid_value(path, str(value), f"{path} in body should be greater than or equal to {minimum}")
+        elif not -_INT32_MAX - 1 <= value <= _INT32_MAX:
+            yield invalid_value(path, str(value), f"{path} in body must be of type int32")
