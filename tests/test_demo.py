@@ -41,7 +41,7 @@ def test_a_component_that_dies_is_reported_with_the_end_of_its_log(tmp_path: Pat
     assert time.monotonic() - started < 30
 
 
-def test_the_demo_runs_end_to_end_with_a_preemption(tmp_path: Path) -> None:
+def test_the_demo_runs_end_to_end_with_a_preemption_and_a_gang(tmp_path: Path) -> None:
     result = subprocess.run([str(GPUSHARE), "demo", "--workdir", str(tmp_path / "demo")], capture_output=True,
                             text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -57,3 +57,6 @@ def test_the_demo_runs_end_to_end_with_a_preemption(tmp_path: Path) -> None:
     assert preempted == ["llm-2gpu"]
     assert re.search(r"urgent-finetune\s+Running\s+on gpu-node-b, GPU\(s\) [0-3], 80 GiB", act)
     assert "kubectl inspect gpushare" in act
+    gang = out.split("Gang: PodGroup train (minMember 3)")[1]
+    assert "gang default/train: 2 of 3 members exist; waiting for 1 more" in " ".join(gang.split())
+    assert len(re.findall(r"train-[0-2]\s+Running\s+on gpu-node-", gang)) == 3

@@ -5,7 +5,8 @@ process and the scheduler loop; submits a mixed set of pods; then prints where e
 each container received, and ``kubectl inspect gpushare`` (plain and ``-d``). A second act fills the A100s
 with batch pods of a low PriorityClass and submits an urgent one of a high class that fits nowhere: the
 scheduler loop's preemption asks the extender which pods to evict, and the demo shows who was preempted and
-where the urgent pod ran.
+where the urgent pod ran. A third act submits a gang (a coscheduling PodGroup of three) one member short: its
+members wait, and bind together once the last one arrives.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gpushare import contract
 from gpushare.clusterspec import ClusterSpec, GPUSpec, NodeSpec
 from gpushare.localcluster import LocalCluster
 from gpushare.localcluster.kubelet import SimulatedKubelet
+from gpushare.localcluster.resources import CRDS
 from gpushare.localcluster.scheduler import SchedulerLoop
 
 T4 = {"model": "Tesla-T4", "memoryMiB": 15360}
@@ -100,6 +102,23 @@ def preemption_pods() -> tuple[list[dict[str, Any]], dict[str, Any]]:
     batch = [_with_class(_pod(name, {"job": units}, a100), BATCH_CLASS)
              for name, units in (("batch-a", 60), ("batch-b", 60), ("batch-c", 20))]
     return batch, _with_class(_pod("urgent-finetune", {"trainer": 80}, a100), URGENT_CLASS)
+
+
+GANG = "train"
+GANG_SIZE = 3
+
+
+def pod_group() -> dict[str, Any]:
+    return {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", "metadata": {"name": GANG},
+            "spec": {"minMember": GANG_SIZE, "scheduleTimeoutSeconds": 60}}
+
+
+def gang_pods() -> list[dict[str, Any]]:
+    """The members of the PodGroup: one 20 GiB worker each, to be placed all at once or not at all."""
+    members = [_pod(f"{GANG}-{i}", {"worker": 20}) for i in range(GANG_SIZE)]
+    for manifest in members:
+        manifest["metadata"]["labels"] = {contract.LABEL_POD_GROUP: GANG}
+    return members
 
 
 def _with_class(manifest: dict[str, Any], priority_class: str) -> dict[str, Any]:
@@ -172,7 +191,8 @@ def run_demo(workdir: Path, policy: str) -> None:
     spec_file.write_text(yaml.safe_dump(spec.model_dump(by_alias=True, exclude_defaults=True)))
     python = sys.executable
     with contextlib.ExitStack() as stack:
-        cluster = stack.enter_context(LocalCluster(spec, publish_inventory=False))
+        # The coscheduling PodGroup CRD is installed, as on a cluster that runs gang workloads.
+        cluster = stack.enter_context(LocalCluster(spec, publish_inventory=False, crds=CRDS))
         kubeconfig = cluster.write_kubeconfig(workdir / "kubeconfig")
         print(f"local cluster: {cluster.url} (kubeconfig {kubeconfig}, logs in {workdir})")
         api = cluster.api_client()
@@ -210,6 +230,7 @@ def run_demo(workdir: Path, policy: str) -> None:
         print(_inspect(kubeconfig, "-d"))
         _act_preemption(api, core, components)
         print(_inspect(kubeconfig, "-d"))
+        _act_gang(api, core, components)
 
 
 def _act_preemption(api: client.ApiClient, core: Any, components: Components) -> None:
@@ -235,6 +256,29 @@ def _act_preemption(api: client.ApiClient, core: Any, components: Components) ->
     ann = pod.metadata.annotations or {}
     rows.append([name, "Running", f"on {pod.spec.node_name}, GPU(s) {ann.get(contract.ANN_GPU_INDICES, '-')}, "
                  f"{ann.get(contract.ANN_POD, '-')} GiB"])
+    print(tabulate(rows, headers=["POD", "WHAT", "MESSAGE"], maxcolwidths=[None, None, 90]))
+    print()
+
+
+def _act_gang(api: client.ApiClient, core: Any, components: Components) -> None:
+    client.CustomObjectsApi(api).create_namespaced_custom_object("scheduling.x-k8s.io", "v1alpha1", "default",
+                                                                 "podgroups", pod_group())
+    *early, last = gang_pods()
+    for manifest in early:
+        core.create_namespaced_pod("default", manifest)
+    first = early[0]["metadata"]["name"]
+    _wait(f"{first} to be told to wait for its gang",
+          lambda: "waiting for 1 more" in _failures(core).get(first, ""), components)
+    print(f"Gang: PodGroup {GANG} (minMember {GANG_SIZE}); {len(early)} members submitted, then the last:\n")
+    rows = [[first, "FailedScheduling", _failures(core)[first]]]
+    core.create_namespaced_pod("default", last)
+    names = [m["metadata"]["name"] for m in (*early, last)]
+    _wait("the gang to run", lambda: all(_phase(core, n) == "Running" for n in names), components, timeout_s=90)
+    for name in names:
+        pod = core.read_namespaced_pod(name, "default")
+        ann = pod.metadata.annotations or {}
+        rows.append([name, "Running", f"on {pod.spec.node_name}, GPU(s) {ann.get(contract.ANN_GPU_INDICES, '-')}, "
+                     f"{ann.get(contract.ANN_POD, '-')} GiB"])
     print(tabulate(rows, headers=["POD", "WHAT", "MESSAGE"], maxcolwidths=[None, None, 90]))
     print()
 
