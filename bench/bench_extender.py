@@ -221,6 +221,11 @@ def run(args: argparse.Namespace, core: Any, pid: int, port: int) -> None:
     for threads in (1, 8):
         pending = [orjson.loads(core.create_namespaced_pod(
             "default", gpu_pod(f"bind-{threads}-{i}", 4), _preload_content=False).data) for i in range(args.binds)]
+        # kube-scheduler binds only to a node filter passed; the extender refuses any other (its filter ledger),
+        # so each pod is filtered on its node first, outside the timed binds.
+        for i, pod in enumerate(pending):
+            timed_posts(conn, "/gpushare-scheduler/filter",
+                        [orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": [names[i % len(names)]]})], 1)
 
         def bind(item: tuple[int, dict[str, Any]]) -> str:
             i, pod = item
