@@ -26,7 +26,6 @@ from gpushare.contract import (
     MemoryUnit,
 )
 from gpushare.localcluster import LocalCluster
-from gpushare.localcluster.resources import CRDS
 from gpushare.localcluster.scheduler import SchedulerLoop
 
 # Two nodes of two 15-GiB T4s: four GPUs, and a 15-unit pod takes one whole.
@@ -43,7 +42,7 @@ PG = ("scheduling.x-k8s.io", "v1alpha1", "default", "podgroups")
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(CLUSTER, crds=CRDS) as local:
+    with LocalCluster(CLUSTER) as local:
         # The Priority admission plugin sets spec.priority from a pod's class, and only from it.
         client.SchedulingV1Api(local.api_client()).create_priority_class({"metadata": {"name": "high"},
                                                                           "value": 100})
@@ -376,7 +375,7 @@ def test_the_local_cluster_validates_podgroups_like_the_crd(cluster: LocalCluste
 
 
 def test_without_the_crd_podgroups_are_not_served_and_the_annotation_decides() -> None:
-    with LocalCluster(CLUSTER) as plain, running_extender(plain, ExtenderConfig(policy="binpack")) as url:
+    with LocalCluster(CLUSTER, crds=()) as plain, running_extender(plain, ExtenderConfig(policy="binpack")) as url:
         groups = client.CustomObjectsApi(plain.api_client())
         with pytest.raises(ApiException) as caught:
             groups.get_namespaced_custom_object(*PG, "anything")

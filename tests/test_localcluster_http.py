@@ -45,7 +45,7 @@ def test_core_discovery_lists_kinds_verbs_and_short_names(http: httpx.Client) ->
 def test_group_discovery_and_version(http: httpx.Client) -> None:
     groups = http.get("/apis").json()["groups"]
     assert [g["preferredVersion"]["groupVersion"] for g in groups] == [
-        "coordination.k8s.io/v1", "scheduling.k8s.io/v1", "policy/v1"]
+        "coordination.k8s.io/v1", "scheduling.k8s.io/v1", "policy/v1", "scheduling.x-k8s.io/v1alpha1"]
     leases = http.get("/apis/coordination.k8s.io/v1").json()["resources"]
     assert [(r["name"], r["kind"], r["namespaced"]) for r in leases] == [("leases", "Lease", True)]
     budgets = http.get("/apis/policy/v1").json()["resources"]

@@ -33,9 +33,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="do not publish GPU resources and inventory on nodes (leave it to the device plugin)")
     parser.add_argument("--event-window", type=int, default=1000, metavar="N",
                         help="changes per kind a watch can resume from before it gets 410 Gone (default: %(default)s)")
-    parser.add_argument("--podgroups", action="store_true",
-                        help="serve scheduler-plugins' PodGroup CRD (scheduling.x-k8s.io/v1alpha1 podgroups), as a "
-                             "cluster with coscheduling installed does")
+    parser.add_argument("--no-podgroups", action="store_true",
+                        help="do not serve scheduler-plugins' PodGroup CRD (scheduling.x-k8s.io/v1alpha1 podgroups), "
+                             "as a cluster without coscheduling")
     parser.add_argument("--log-level", default="INFO", choices=LEVELS,
                         help="least severe level to log, as JSON lines on stderr (default: %(default)s)")
     return parser.parse_args(argv)
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     cluster = LocalCluster(spec, publish_inventory=not args.no_inventory, host=args.host, port=args.port,
-                           event_window=args.event_window, crds=CRDS if args.podgroups else ())
+                           event_window=args.event_window, crds=() if args.no_podgroups else CRDS)
     try:
         cluster.start()
     except RuntimeError as exc:

@@ -23,7 +23,7 @@ from kubernetes import client
 from gpushare.clusterspec import ClusterSpec
 from gpushare.localcluster.errors import ApiError
 from gpushare.localcluster.nodes import node_object
-from gpushare.localcluster.resources import NODES, Resource
+from gpushare.localcluster.resources import CRDS, NODES, Resource
 from gpushare.localcluster.server import ApiServer
 from gpushare.localcluster.store import Store
 
@@ -57,7 +57,7 @@ class LocalCluster:
     """
 
     def __init__(self, spec: ClusterSpec | None = None, publish_inventory: bool = True, host: str = "127.0.0.1",
-                 port: int = 0, event_window: int = 1000, crds: tuple[Resource, ...] = ()) -> None:
+                 port: int = 0, event_window: int = 1000, crds: tuple[Resource, ...] = CRDS) -> None:
         self.spec = spec or ClusterSpec()
         self.crds = crds
         """Custom resources the API server serves besides the built-in kinds (``resources.CRDS``), as if installed."""

@@ -32,7 +32,6 @@ from gpushare import contract
 from gpushare.clusterspec import ClusterSpec, GPUSpec, NodeSpec
 from gpushare.localcluster import LocalCluster
 from gpushare.localcluster.kubelet import SimulatedKubelet
-from gpushare.localcluster.resources import CRDS
 from gpushare.localcluster.scheduler import SchedulerLoop
 
 T4 = {"model": "Tesla-T4", "memoryMiB": 15360}
@@ -191,8 +190,7 @@ def run_demo(workdir: Path, policy: str) -> None:
     spec_file.write_text(yaml.safe_dump(spec.model_dump(by_alias=True, exclude_defaults=True)))
     python = sys.executable
     with contextlib.ExitStack() as stack:
-        # The coscheduling PodGroup CRD is installed, as on a cluster that runs gang workloads.
-        cluster = stack.enter_context(LocalCluster(spec, publish_inventory=False, crds=CRDS))
+        cluster = stack.enter_context(LocalCluster(spec, publish_inventory=False))
         kubeconfig = cluster.write_kubeconfig(workdir / "kubeconfig")
         print(f"local cluster: {cluster.url} (kubeconfig {kubeconfig}, logs in {workdir})")
         api = cluster.api_client()
