@@ -36,8 +36,9 @@ StateKey = tuple[int, tuple[Pool, ...]]
 
 # The memo of F per node state is dropped when it grows past this many entries.
 MEMO_LIMIT = 200_000
-# The memo of GPU choices per (GPU state, request) likewise.
-CHOICES_LIMIT = 50_000
+# The memo of GPU choices per (GPU state, request) likewise: about 1.7 KB an entry (36 MiB for the 22,468 of
+# a default-trace replay), so this bounds it near 33 MiB in the extender.
+CHOICES_LIMIT = 20_000
 # A node with no CPU capacity recorded has no CPU limit.
 UNLIMITED = 1 << 62
 # Probabilities become integer weights (parts per million) so that F is an exact integer: placements that
