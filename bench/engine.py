@@ -13,6 +13,9 @@ resources and change only together with the policy's ``version``.
 Most answers (four in five on the openb traces) are "does not fit", and whether a pod fits a node is a fact
 of the two, not of what the policy has learned (``Policy.evaluate``'s contract). So a version change drops
 only the scores and keeps those answers: a learning policy re-scores only the groups the pod can use.
+
+Signatures and request keys are nested tuples, and Python hashes a tuple anew at every lookup: each is
+hashed once, when first met, and numbered; the groups, answers and rankings are keyed by those numbers.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def request_key(request: PodRequest) -> RequestKey:
 @dataclass(slots=True)
 class _Group:
     members: list[tuple[int, int]]  # heap of (-priority, node index)
-    answers: dict[RequestKey, Candidate | None] = field(default_factory=dict)
+    answers: dict[int, Candidate | None] = field(default_factory=dict)  # by request number
     version: int = 0
 
 
@@ -48,7 +51,7 @@ class _Group:
 class _Ranking:
     version: int
     log_position: int
-    heap: list[tuple[float, int, int, Signature, Candidate]] = field(default_factory=list)
+    heap: list[tuple[float, int, int, int, Candidate]] = field(default_factory=list)  # (..., state number, ...)
 
 
 class GroupedCluster:
@@ -60,37 +63,40 @@ class GroupedCluster:
         self.seed = seed
         self.evaluations = 0
         self._priority = [node_priority(n.name, seed) for n in self.nodes]
-        self._signature = [signature(n) for n in self.nodes]
-        self._groups: dict[Signature, _Group] = {}
-        self._log: list[Signature] = []
-        self._rankings: dict[RequestKey, _Ranking] = {}
+        self._numbers: dict[Signature, int] = {}
+        self._state = [self._number(signature(n)) for n in self.nodes]
+        self._groups: dict[int, _Group] = {}
+        self._log: list[int] = []
+        self._requests: dict[RequestKey, int] = {}
+        self._rankings: dict[int, _Ranking] = {}
         self._sequence = 0
         for index in range(len(self.nodes)):
             self._join(index)
 
     def choose(self, request: PodRequest) -> tuple[int, Candidate] | None:
         """The index of the node ``choose_node`` would pick, with the policy's candidate there."""
-        key = request_key(request)
+        key = self._requests.setdefault(request_key(request), len(self._requests))
         version = policy_version(self.policy)
         ranking = self._rankings.get(key)
+        groups = self._groups
         if ranking is None or ranking.version != version:
             ranking = self._rankings[key] = _Ranking(version, len(self._log))
-            fresh: Sequence[Signature] = list(self._groups)
+            fresh: Sequence[int] = list(groups)
         else:
             backlog = self._log[ranking.log_position:]
-            fresh = list(self._groups) if len(backlog) > len(self._groups) else list(dict.fromkeys(backlog))
+            fresh = list(groups) if len(backlog) > len(groups) else list(dict.fromkeys(backlog))
             ranking.log_position = len(self._log)
-        for sig in fresh:
-            group = self._groups.get(sig)
+        for state in fresh:
+            group = groups.get(state)
             if group is None:
                 continue
             candidate = self._answer(group, key, request, version)
             if candidate is not None:
-                self._push(ranking, candidate, group.members[0][0], sig)
+                self._push(ranking, candidate, group.members[0][0], state)
         heap = ranking.heap
         while heap:
-            _, negative_priority, _, sig, candidate = heap[0]
-            group = self._groups.get(sig)
+            _, negative_priority, _, state, candidate = heap[0]
+            group = groups.get(state)
             if group is None:
                 heapq.heappop(heap)
                 continue
@@ -100,44 +106,48 @@ class GroupedCluster:
             heapq.heappop(heap)
             if best > negative_priority:
                 # The group lost its best member; it ranks by the next one now.
-                self._push(ranking, candidate, best, sig)
+                self._push(ranking, candidate, best, state)
         return None
 
     def place(self, index: int, pod_key: str, request: PodRequest, gpus: Sequence[int]) -> None:
         """Place the pod on node ``index`` (the best member of its group, as ``choose`` returns)."""
-        group = self._groups[self._signature[index]]
+        group = self._groups[self._state[index]]
         if group.members[0][1] != index:
             raise ValueError("The replay places pods only on the node that choose() returned.")
         heapq.heappop(group.members)
         if not group.members:
-            del self._groups[self._signature[index]]
+            del self._groups[self._state[index]]
         self.nodes[index].place(pod_key, request, gpus)
-        self._signature[index] = signature(self.nodes[index])
+        self._state[index] = self._number(signature(self.nodes[index]))
         self._join(index)
 
+    def _number(self, sig: Signature) -> int:
+        return self._numbers.setdefault(sig, len(self._numbers))
+
     def _join(self, index: int) -> None:
-        sig = self._signature[index]
+        state = self._state[index]
         entry = (-self._priority[index], index)
-        group = self._groups.get(sig)
+        group = self._groups.get(state)
         if group is None:
-            self._groups[sig] = _Group([entry])
-            self._log.append(sig)
+            self._groups[state] = _Group([entry])
+            self._log.append(state)
             return
         heapq.heappush(group.members, entry)
         if group.members[0] == entry:
-            self._log.append(sig)
+            self._log.append(state)
 
-    def _answer(self, group: _Group, key: RequestKey, request: PodRequest, version: int) -> Candidate | None:
+    def _answer(self, group: _Group, key: int, request: PodRequest, version: int) -> Candidate | None:
         if group.version != version:
             # Feasibility does not depend on the version: keep the "does not fit" answers.
             group.answers = {k: a for k, a in group.answers.items() if a is None}
             group.version = version
-        if key in group.answers:
-            return group.answers[key]
+        answers = group.answers
+        if key in answers:
+            return answers[key]
         self.evaluations += 1
-        answer = group.answers[key] = self.policy.evaluate(self.nodes[group.members[0][1]], request)
+        answer = answers[key] = self.policy.evaluate(self.nodes[group.members[0][1]], request)
         return answer
 
-    def _push(self, ranking: _Ranking, candidate: Candidate, negative_priority: int, sig: Signature) -> None:
+    def _push(self, ranking: _Ranking, candidate: Candidate, negative_priority: int, state: int) -> None:
         self._sequence += 1
-        heapq.heappush(ranking.heap, (-candidate.score, negative_priority, self._sequence, sig, candidate))
+        heapq.heappush(ranking.heap, (-candidate.score, negative_priority, self._sequence, state, candidate))

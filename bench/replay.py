@@ -79,6 +79,7 @@ class RunResult:
     evaluations: int
     curve: list[float] = field(default_factory=list)
     trace: str = "default"
+    cpu_seconds: float = 0.0  # CPU time of the replay: unlike ``seconds``, it does not grow with others' load
 
 
 def workload_for(trace_pods: Sequence[openb.TracePod]) -> WorkloadDistribution:
@@ -148,7 +149,7 @@ def run_one(data_dir: Path, trace: str, policy_name: str, seed: int) -> RunResul
     curve = [100.0]
     ratio = 0.0
     arrived = allocated = 0
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     cluster = GroupedCluster(nodes, policy, seed)
     for decision in decide(cluster, order):
         arrived += demand[decision.pod]
@@ -164,11 +165,11 @@ def run_one(data_dir: Path, trace: str, policy_name: str, seed: int) -> RunResul
                 ratio = fragmentation_ratio(nodes, meter)
             if reached in REPORT_ARRIVALS:
                 unallocated[f"{reached:g}"] = left
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     for reached in thresholds:
         unallocated.setdefault(f"{reached:g}", 100 - allocated / capacity * 100)
     return RunResult(policy_name, seed, len(order), unallocated, ratio, seconds, cluster.evaluations, curve,
-                     openb.trace_name(trace))
+                     openb.trace_name(trace), cpu_seconds)
 
 
 def run_all(data_dir: Path, traces: Sequence[str], policies: Sequence[str], seeds: Sequence[int],
@@ -401,11 +402,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("published: " + ", ".join(f"{k} {v:.2f}" for k, v in published[name].items()))
     if len(traces) > 1:
         print(f"\n## all {len(traces)} traces\n\n{suite_table(by_trace, policies, published)}")
-    print(f"\n{len(results)} replays of {len(traces)} trace(s) in {wall:.0f} s wall time with {args.jobs} jobs")
+    cpu = sum(r.cpu_seconds for r in results)
+    print(f"\n{len(results)} replays of {len(traces)} trace(s) in {wall:.0f} s wall time with {args.jobs} jobs "
+          f"({cpu:.0f} s of CPU in the replays)")
     label = openb.trace_name(traces[0]) if len(traces) == 1 else "suite"
     out = args.out or DEFAULT_OUT / f"replay_{label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"traces": list(by_trace), "seeds": args.seeds, "wall_seconds": wall,
+    out.write_text(json.dumps({"traces": list(by_trace), "seeds": args.seeds, "wall_seconds": wall, "cpu_seconds": cpu,
                                "summary": by_trace, "published": published,
                                "runs": [asdict(r) for r in results]}, indent=1))
     print(f"results: {out}")

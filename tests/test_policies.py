@@ -177,6 +177,32 @@ def test_fgd_prefers_nvlinked_gpus_for_multi_gpu_pods() -> None:
     assert candidate is not None and sorted(candidate.gpus) == [1, 3]
 
 
+@pytest.mark.parametrize("kind", [FragmentationGradient, FragmentationLookahead])
+def test_memoised_gpu_choices_follow_every_change_of_the_gpus(kind: type[FragmentationGradient]) -> None:
+    # One policy keeps its GPU choices per GPU state across calls; a fresh one per call computes them anew.
+    # Both must agree while the node fills up, on its NVLinked twin and on an unhealthy GPU.
+    shapes = ((Shape(1, 500), 0.6), (Shape(2, 1000), 0.4))
+    kept = kind(workload(*shapes))
+    plain = node("plain", 1000, 1000, 1000, 1000, cpu=64_000)
+    linked = node("linked", 1000, 1000, 1000, 1000, cpu=64_000)
+    linked.gpus[2].links, linked.gpus[3].links = {3: 100}, {2: 100}
+    requests = [share(1000, cpu=1000, count=2), share(300, cpu=2000), share(500), share(300, cpu=2000)]
+    seen = set()
+    for step, request in enumerate(requests):
+        for n in (plain, linked):
+            candidate = kept.evaluate(n, request)
+            assert candidate == kind(workload(*shapes)).evaluate(n, request)
+            assert candidate is not None
+            seen.add((n.name, candidate.gpus))
+            n.place(f"pod-{step}", request, candidate.gpus)
+    plain.gpus[3].healthy = False
+    assert kept.evaluate(plain, share(100)) == kind(workload(*shapes)).evaluate(plain, share(100))
+    # One pod on each GPU: the same holders, different memory used.
+    assert kept.evaluate(node("roomy", 700), share(500)) is not None
+    assert kept.evaluate(node("tight", 400), share(500)) is None
+    assert ("plain", (0, 1)) in seen and ("linked", (2, 3)) in seen
+
+
 def test_a_fresh_fgd_learns_the_workload_from_what_it_observes() -> None:
     fgd = FragmentationGradient()
     assert not fgd.workload.target

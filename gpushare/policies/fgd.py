@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass
 from itertools import accumulate
+from operator import attrgetter
 
 from gpushare.contract import PodRequest
 from gpushare.model import GPU, Node
@@ -34,6 +36,9 @@ StateKey = tuple[int, tuple[Pool, ...]]
 
 # The memo of F per node state is dropped when it grows past this many entries.
 MEMO_LIMIT = 200_000
+# The memo of GPU choices per (GPU state, request) likewise: about 1.7 KB an entry (36 MiB for the 22,468 of
+# a default-trace replay), so this bounds it near 33 MiB in the extender.
+CHOICES_LIMIT = 20_000
 # A node with no CPU capacity recorded has no CPU limit.
 UNLIMITED = 1 << 62
 # Probabilities become integer weights (parts per million) so that F is an exact integer: placements that
@@ -107,7 +112,7 @@ Row = tuple[int, str, int, bool]
 
 
 def _rows(gpus: Sequence[GPU]) -> list[Row]:
-    """Read once per evaluation: a node's before and after states for every GPU choice are built from it."""
+    """Read once per GPU state: a node's before and after states for every GPU choice are built from it."""
     return [(g.index, g.model, g.free, _whole(g)) for g in gpus]
 
 
@@ -124,6 +129,28 @@ def _pools(rows: Sequence[Row], changed: dict[int, int]) -> tuple[Pool, ...]:
                  for model, values in sorted(frees.items()))
 
 
+_GPU_FIELDS = attrgetter("index", "model", "total", "used", "compute_used", "holders", "exclusive", "healthy", "numa")
+
+
+def gpu_state(node: Node) -> Hashable:
+    """Everything about a node's GPUs that the GPU choices of a placement read (``can_host``, ``_rows``,
+    ``pick_gpus``' topology): the GPU half of ``model.state_signature``."""
+    gpus = node.gpus
+    links = tuple((g.index, tuple(sorted(g.links.items()))) for g in gpus if g.links)
+    return tuple(map(_GPU_FIELDS, gpus)), links
+
+
+@dataclass(frozen=True, slots=True)
+class GPUChoices:
+    """A node's GPU side for one request: its pools now, and per GPU set worth comparing the indices, the
+    units taken from each and the pools after. It depends on the GPUs and the request only, not on the target
+    workload, so it outlives target changes; nodes in the same GPU state share it."""
+
+    before: tuple[Pool, ...]
+    options: tuple[tuple[tuple[int, ...], dict[int, int], tuple[Pool, ...]], ...]
+    largest: int  # the node's largest GPU, in memory units (0 without GPUs)
+
+
 class FragmentationGradient:
     """Place each pod where the node's expected fragmentation grows least, scored as the paper does. On a
     node, the first GPU set (lowest index) of those with the best score."""
@@ -136,6 +163,7 @@ class FragmentationGradient:
         self._measure = self.measure_type(self.workload.target)
         self._measure_version = self.workload.version
         self._memo: dict[StateKey, int] = {}
+        self._choices: dict[Hashable, GPUChoices | None] = {}
 
     @property
     def version(self) -> int:
@@ -155,29 +183,52 @@ class FragmentationGradient:
 
     def fragmentation(self, node: Node) -> float:
         """The node's expected fragmentation F under the current target workload, in memory units."""
-        return self._fragmentation(self._key(node, _rows(node.gpus), node.cpu_milli - node.cpu_used, {})) / PRECISION
+        pools = _pools(_rows(node.gpus), {})
+        return self._fragmentation(self._key(node, node.cpu_milli - node.cpu_used, pools)) / PRECISION
 
     def evaluate(self, node: Node, request: PodRequest) -> Candidate | None:
         if not node.fits_host_resources(request):
             return None
-        hosts = node.hosts(request) if request.gpu_count else []
-        if len(hosts) < request.gpu_count:
-            return None
+        view = self.gpu_choices(node, request)
+        return None if view is None else self.best(node, request, view)
+
+    def best(self, node: Node, request: PodRequest, view: GPUChoices) -> Candidate | None:
+        """The best of the node's GPU choices for the request (CPU and memory already checked)."""
         cpu_free = node.cpu_milli - node.cpu_used
-        rows = _rows(node.gpus)
-        before = self._fragmentation(self._key(node, rows, cpu_free, {}))
-        gpu_size = max((g.total for g in node.gpus), default=0) or 1
-        best: tuple[tuple[float, ...], tuple[GPU, ...]] | None = None
-        for chosen in self.choices(hosts, request):
-            taken = {g.index: g.free if request.exclusive else request.per_gpu for g in chosen}
-            growth = self._fragmentation(self._key(node, rows, cpu_free - request.cpu_milli, taken)) - before
+        before = self._fragmentation(self._key(node, cpu_free, view.before))
+        gpu_size = view.largest or 1
+        best: tuple[tuple[float, ...], tuple[int, ...]] | None = None
+        for gpus, taken, pools in view.options:
+            growth = self._fragmentation(self._key(node, cpu_free - request.cpu_milli, pools)) - before
             growth += self.displacement(node, taken)
             rank = self.rank(growth, gpu_size)
             if best is None or rank > best[0]:
-                best = (rank, chosen)
+                best = (rank, gpus)
         if best is None:
             return None
-        return Candidate(best[0][0], tuple(g.index for g in best[1]))
+        return Candidate(best[0][0], best[1])
+
+    def gpu_choices(self, node: Node, request: PodRequest) -> GPUChoices | None:
+        """The node's GPU side for the request (``None``: too few GPUs can host it), memoised per GPU state:
+        most nodes a pod is weighed against share their GPU state with others, or with the same node before
+        a target change."""
+        key = (gpu_state(node), request.gpu_count, request.per_gpu, request.exclusive, request.compute_percent,
+               request.models)
+        if key in self._choices:
+            return self._choices[key]
+        found: GPUChoices | None = None
+        hosts = node.hosts(request) if request.gpu_count else []
+        if len(hosts) >= request.gpu_count:
+            rows = _rows(node.gpus)
+            options = []
+            for chosen in self.choices(hosts, request):
+                taken = {g.index: g.free if request.exclusive else request.per_gpu for g in chosen}
+                options.append((tuple(g.index for g in chosen), taken, _pools(rows, taken)))
+            found = GPUChoices(_pools(rows, {}), tuple(options), max((g.total for g in node.gpus), default=0))
+        if len(self._choices) >= CHOICES_LIMIT:
+            self._choices.clear()
+        self._choices[key] = found
+        return found
 
     def choices(self, hosts: Sequence[GPU], request: PodRequest) -> Iterator[tuple[GPU, ...]]:
         """The GPU sets worth comparing: each distinct GPU for a one-GPU share; otherwise the best-connected
@@ -211,8 +262,8 @@ class FragmentationGradient:
         gpus = growth / (PRECISION * self.measure().coverage * gpu_size)
         return (float(int(SCORE_LEVELS / (1.0 + math.exp(gpus)))),)
 
-    def _key(self, node: Node, rows: Sequence[Row], cpu_free: int, taken: dict[int, int]) -> StateKey:
-        return self.measure().state(cpu_free if node.cpu_milli else UNLIMITED, _pools(rows, taken))
+    def _key(self, node: Node, cpu_free: int, pools: tuple[Pool, ...]) -> StateKey:
+        return self.measure().state(cpu_free if node.cpu_milli else UNLIMITED, pools)
 
     def _fragmentation(self, key: StateKey) -> int:
         measure = self.measure()

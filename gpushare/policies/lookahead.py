@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from gpushare.contract import PodRequest
+from gpushare.contract import ModelRule, PodRequest
 from gpushare.model import Node
 from gpushare.policies.base import Candidate
 from gpushare.policies.fgd import (
@@ -39,9 +39,10 @@ from gpushare.policies.fgd import (
 )
 from gpushare.policies.workload import Target, WorkloadDistribution
 
-# GPU-side facts per shape for one set of pools: the GPU memory the shape could use, how many copies of it
-# the GPUs could take, and the memory one copy takes.
-_GPUSide = tuple[tuple[int, int, int], ...]
+# GPU-side facts for one set of pools: its idle memory, and per distinct GPU demand (GPU count, share,
+# exclusive, model rule) of the target the GPU memory it could use, how many copies of it the GPUs could take,
+# and the memory one copy takes.
+_GPUSide = tuple[int, tuple[tuple[int, int, int], ...]]
 _GPU_MEMO_LIMIT = 100_000
 # Growth is compared in steps of this fraction of the largest per-GPU share in the target workload.
 STEP_FRACTION = 10
@@ -55,6 +56,15 @@ class CapacityMeasure(FragmentationMeasure):
         largest = max((s.per_gpu for s, _ in target if s.gpu_count), default=0)
         # Growth is compared at this resolution (memory units times PRECISION; 0: exactly).
         self.step = largest * PRECISION // STEP_FRACTION
+        # Many target shapes differ only in CPU: their GPU side is computed once per distinct GPU demand.
+        demands: dict[tuple[int, int, bool, ModelRule], int] = {}
+        plan = []
+        for (weight, cpu, count, per_gpu, exclusive), (shape, _) in zip(self.shapes, target, strict=True):
+            demand = demands.setdefault((count, per_gpu, exclusive, shape.models), len(demands))
+            plan.append((weight, cpu, count, demand))
+        self._demands = tuple(demands)
+        self._plan = tuple(plan)
+        self._demand_accepts: dict[str, tuple[bool, ...]] = {}
         self._gpu_memo: dict[tuple[Pool, ...], _GPUSide] = {}
 
     def state(self, cpu_free: int, pools: tuple[Pool, ...]) -> StateKey:
@@ -62,33 +72,41 @@ class CapacityMeasure(FragmentationMeasure):
 
     def amount(self, state: StateKey) -> int:
         cpu_free, pools = state
-        idle = sum(sum(frees) for _, frees, _ in pools)
+        idle, side = self._gpu_side(pools)
         if idle == 0:
             return 0
         total = 0
-        side = self._gpu_side(pools)
-        for (weight, cpu, count, _, _), (usable, copies, per_copy) in zip(self.shapes, side, strict=True):
+        for weight, cpu, count, demand in self._plan:
             if count == 0:
-                total += weight * idle if cpu > cpu_free else 0
+                if cpu > cpu_free:
+                    total += weight * idle
                 continue
-            fits = copies if cpu <= 0 else min(copies, cpu_free // cpu)
-            if fits <= 0:
+            usable, copies, per_copy = side[demand]
+            fits = copies if cpu <= 0 else cpu_free // cpu
+            if fits >= copies:
+                total += weight * (idle - usable) if copies > 0 else weight * idle
+            elif fits <= 0:
                 total += weight * idle
-            elif fits >= copies:
-                total += weight * (idle - usable)
             else:
-                total += weight * (idle - min(usable, fits * per_copy))
+                total += weight * (idle - (usable if usable < fits * per_copy else fits * per_copy))
         return total
+
+    def _accepted_by(self, model: str) -> tuple[bool, ...]:
+        found = self._demand_accepts.get(model)
+        if found is None:
+            found = self._demand_accepts[model] = tuple(rule.accepts(model) for _, _, _, rule in self._demands)
+        return found
 
     def _gpu_side(self, pools: tuple[Pool, ...]) -> _GPUSide:
         found = self._gpu_memo.get(pools)
         if found is not None:
             return found
         side: list[tuple[int, int, int]] = []
-        for i, (_, _, count, per_gpu, exclusive) in enumerate(self.shapes):
+        accepted = [(self._accepted_by(model), frees, wholes) for model, frees, wholes in pools]
+        for i, (count, per_gpu, exclusive, _) in enumerate(self._demands):
             usable = copies = hosts = 0
-            for model, frees, wholes in pools:
-                if not self.accepts(model)[i]:
+            for accepts, frees, wholes in accepted:
+                if not accepts[i]:
                     continue
                 if exclusive:
                     hosts += len(wholes)
@@ -105,7 +123,7 @@ class CapacityMeasure(FragmentationMeasure):
             side.append((usable, copies, per_copy))
         if len(self._gpu_memo) >= _GPU_MEMO_LIMIT:
             self._gpu_memo.clear()
-        result = self._gpu_memo[pools] = tuple(side)
+        result = self._gpu_memo[pools] = (sum(sum(frees) for _, frees, _ in pools), tuple(side))
         return result
 
 
@@ -121,11 +139,15 @@ class FragmentationLookahead(FragmentationGradient):
         self._fgd = FragmentationGradient(self.workload)
 
     def evaluate(self, node: Node, request: PodRequest) -> Candidate | None:
-        candidate = super().evaluate(node, request)
-        largest = max((g.total for g in node.gpus), default=0)
-        if candidate is None or request.gpu_count != 1 or request.exclusive or request.per_gpu >= largest:
+        if not node.fits_host_resources(request):
+            return None
+        view = self.gpu_choices(node, request)
+        if view is None:
+            return None
+        candidate = self.best(node, request, view)
+        if candidate is None or request.gpu_count != 1 or request.exclusive or request.per_gpu >= view.largest:
             return candidate
-        fgd = self._fgd.evaluate(node, request)
+        fgd = self._fgd.best(node, request, view)
         if fgd is None:
             return candidate
         # Within half a step, so that it only orders placements whose rounded growth ties.
