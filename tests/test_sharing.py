@@ -351,3 +351,21 @@ def test_placing_and_preempting_never_overcommits_nor_evicts_an_equal_or_higher_
                 assert all(sharing.affinity in g.affinity for i in candidate.gpus if (g := target.gpu(i)))
             put(target, key, candidate.gpus, per_gpu, priority, sharing, compute, exclusive)
         check_cluster(nodes)
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_policies_memoised_gpu_choices_never_cross_sharing_states(policy: str) -> None:
+    # Two nodes alike but for the sharing values of the pod on GPU 0: a policy that answered the first from a
+    # memo keyed without them would put the second pod where its rules forbid.
+    chooser = make_policy(policy)
+    plain, marked = Node("plain", gpus(1)), Node("marked", gpus(1))
+    put(plain, "p", (0,), 4)
+    put(marked, "p", (0,), 4, sharing=Sharing(exclusion="x"))
+    request = PodRequest(per_gpu=4)
+    assert chooser.evaluate(plain, request) is not None
+    assert chooser.evaluate(marked, request) is None
+    solo = PodRequest(per_gpu=4, sharing=Sharing(anti_affinity="solo"))
+    lonely = Node("lonely", gpus(1))
+    put(lonely, "s", (0,), 4, sharing=Sharing(anti_affinity="solo"))
+    assert chooser.evaluate(Node("empty", gpus(1)), solo) is not None
+    assert chooser.evaluate(lonely, solo) is None

@@ -137,7 +137,10 @@ def gpu_state(node: Node) -> Hashable:
     ``pick_gpus``' topology): the GPU half of ``model.state_signature``."""
     gpus = node.gpus
     links = tuple((g.index, tuple(sorted(g.links.items()))) for g in gpus if g.links)
-    return tuple(map(_GPU_FIELDS, gpus)), links
+    # The sharing rules' counts decide ``can_host`` for pods with sharing values (and exclusion for every pod).
+    sharing = tuple((g.index, tuple(sorted(g.affinity.items())), tuple(sorted(g.anti_affinity.items())),
+                     tuple(sorted(g.exclusion.items()))) for g in gpus if g.affinity or g.anti_affinity or g.exclusion)
+    return tuple(map(_GPU_FIELDS, gpus)), links, sharing
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +216,7 @@ class FragmentationGradient:
         most nodes a pod is weighed against share their GPU state with others, or with the same node before
         a target change."""
         key = (gpu_state(node), request.gpu_count, request.per_gpu, request.exclusive, request.compute_percent,
-               request.models)
+               request.models, request.sharing, request.affinity_held)
         if key in self._choices:
             return self._choices[key]
         found: GPUChoices | None = None
