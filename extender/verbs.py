@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from itertools import repeat
+from typing import Any, cast
 
 from extender.placement import PolicyBook, RequestCache
 from extender.wire import ExtenderArgs, check_node_names, filter_result
@@ -61,5 +62,7 @@ class Verbs:
         # A node's score changes only with its state, the pod's shape and what the policy has learned.
         key = (policy.name, shape_key(wanted), policy_version(policy))
         raw = self.cache.evaluate_memoised(names, key, score)
-        scores = extender_scores({n: s for n, s in raw.items() if s is not None}, self.tie_seed)
-        return [{"Host": name, "Score": scores.get(name, 0)} for name in names]
+        fitting = {n: s for n, s in raw.items() if s is not None} if None in raw.values() else raw
+        scores = extender_scores(cast(dict[str, float], fitting), self.tie_seed)
+        return [{"Host": name, "Score": value} for name, value in zip(names, map(scores.get, names, repeat(0)),
+                                                                       strict=True)]

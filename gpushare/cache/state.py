@@ -19,8 +19,9 @@ import threading
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
-from itertools import filterfalse
-from typing import Any, TypeVar, cast
+from itertools import filterfalse, repeat
+from operator import is_
+from typing import Any, TypeVar
 
 from gpushare.cache.fitindex import MAX_FIT_SETS, FilterOutcome, FitSet, NodeSummary, fit_check, shape_key, summarise
 from gpushare.contract import MemoryUnit, NodeInfo, PodInfo, PodRequest, RequestError, parse_request, read_assignment
@@ -32,10 +33,10 @@ log = logging.getLogger(__name__)
 # Distinct request shapes whose failure messages a node remembers until its state changes.
 MAX_REMEMBERED_REASONS = 64
 
-# Distinct keys (policy, request shape, learned-workload version) whose answers a node remembers until it changes:
-# a fast path only, since the shared table below answers for every node in the same state. At 15,000 nodes each
-# remembered answer costs a few MB, so few are kept.
-MAX_REMEMBERED_ANSWERS = 8
+# Distinct keys (policy, request shape, learned-workload version) with a table of answers per node name, each kept
+# until the node changes: a fast path only, since the shared table below answers for every node in the same state.
+# A table holds at most one entry per node (under 1 MB at 15,000 nodes); the oldest key goes first.
+MAX_ANSWER_TABLES = 32
 # Answers shared by all nodes in one state, per key; cleared whole when full (a few MB at most).
 MAX_SHARED_ANSWERS = 100_000
 
@@ -62,7 +63,7 @@ class Reservation:
 class _Entry:
     """One node: its API view (``None`` once deleted or before it was seen) and its accounted state."""
 
-    __slots__ = ("info", "lock", "memo", "name", "reasons", "signature", "state")
+    __slots__ = ("info", "lock", "name", "reasons", "signature", "state")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -70,7 +71,6 @@ class _Entry:
         self.info: NodeInfo | None = None
         self.state = Node(name=name, gpus=[])
         self.reasons: dict[tuple[Any, ...], tuple[bool, str]] = {}
-        self.memo: dict[Hashable, Any] = {}
         self.signature: Hashable = None
 
 
@@ -88,6 +88,8 @@ class ClusterCache:
         self._index_lock = threading.Lock()
         self._fit_sets: dict[tuple[Any, ...], FitSet] = {}
         self._shared_answers: dict[tuple[Hashable, Hashable], Any] = {}
+        # key -> node name -> answer; a node's name leaves every table when the node changes (under the index lock).
+        self._answer_tables: dict[Hashable, dict[str, Any]] = {}
         self._capacity: dict[str, int] | None = None
         # Pods a preemption nominated to a node and not bound yet, by node: rare, so read outside the fit index.
         self._nominated: dict[str, dict[str, tuple[str, PodRequest]]] = {}
@@ -243,33 +245,48 @@ class ClusterCache:
         ``read`` must depend on nothing but the node's state and what ``key`` names (for a score: the policy,
         the request's shape and the version of what the policy learned). kube-scheduler sends the same nodes
         for pod after pod and few of them change in between, and large clusters hold many nodes in identical
-        states (empty ones, full ones), so most answers are a dictionary lookup.
+        states (empty ones, full ones), so most answers are a lookup: one C-level pass over the names.
         """
-        out: dict[str, T | None] = {}
-        shared = self._shared_answers
-        for name in names:
-            entry = self._entries.get(name)
-            if entry is None:
-                out[name] = None
-                continue
-            known = entry.memo.get(key, _UNKNOWN)  # lock-free: at worst the answer from just before a change
+        names = list(names)
+        table = self._answer_table(key)
+        # Lock-free: at worst the answer from just before a change.
+        found: list[Any] = list(map(table.get, names, repeat(_UNKNOWN)))
+        if any(map(is_, found, repeat(_UNKNOWN))):
+            for i, name in enumerate(names):
+                if found[i] is _UNKNOWN:
+                    found[i] = self._answer(name, key, table, read)
+        return dict(zip(names, found, strict=True))
+
+    def _answer(self, name: str, key: Hashable, table: dict[str, Any], read: Callable[[Node], Any]) -> Any:
+        """One node's answer under ``key``: from the nodes in the same state, else ``read``; remembered in ``table``."""
+        entry = self._entries.get(name)
+        if entry is None:
+            return None
+        with entry.lock:  # a change clears the node from every table under this lock: no stale answer is stored
+            if entry.info is None:
+                return None
+            both = (key, entry.signature)
+            shared = self._shared_answers
+            known = shared.get(both, _UNKNOWN)
             if known is _UNKNOWN:
-                with entry.lock:
-                    if entry.info is None:
-                        out[name] = None
-                        continue
-                    both = (key, entry.signature)
-                    known = shared.get(both, _UNKNOWN)
-                    if known is _UNKNOWN:
-                        known = read(entry.state)
-                        if len(shared) >= MAX_SHARED_ANSWERS:
-                            shared.clear()
-                        shared[both] = known
-                    if len(entry.memo) >= MAX_REMEMBERED_ANSWERS:
-                        entry.memo.clear()
-                    entry.memo[key] = known
-            out[name] = cast(T, known)
-        return out
+                known = read(entry.state)
+                if len(shared) >= MAX_SHARED_ANSWERS:
+                    shared.clear()
+                shared[both] = known
+            table[entry.name] = known
+        return known
+
+    def _answer_table(self, key: Hashable) -> dict[str, Any]:
+        table = self._answer_tables.get(key)
+        if table is not None:
+            return table
+        with self._index_lock:
+            table = self._answer_tables.get(key)
+            if table is None:
+                table = self._answer_tables[key] = {}
+                while len(self._answer_tables) > MAX_ANSWER_TABLES:  # the oldest key goes first
+                    del self._answer_tables[next(iter(self._answer_tables))]
+        return table
 
     # -- reservations --------------------------------------------------------------------------------------
 
@@ -481,7 +498,6 @@ class ClusterCache:
     def _refresh(self, entry: _Entry) -> None:
         """Republish the node's summary and its place in every fit set; call with its lock held after any change."""
         entry.reasons.clear()
-        entry.memo.clear()
         entry.signature = state_signature(entry.state)
         name = entry.name
         summary = None if entry.info is None else summarise(entry.state)
@@ -492,5 +508,7 @@ class ClusterCache:
         with self._index_lock:
             for fit_set in self._fit_sets.values():
                 fit_set.update(name, summary)
+            for table in self._answer_tables.values():
+                table.pop(name, None)
 
 
