@@ -44,11 +44,11 @@ class Verbs:
 
     def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
         names = args.names
-        check_node_names(self.cache.unknown(names))
         try:
             wanted = self.requests.request(args.pod)
             policy = self.book.for_request(wanted)
         except ValueError:  # filter has already told kube-scheduler why
+            check_node_names(self.cache.unknown(names))
             return [{"Host": name, "Score": 0} for name in names]
 
         if isinstance(policy, InventoryAware):
@@ -62,7 +62,11 @@ class Verbs:
         # A node's score changes only with its state, the pod's shape and what the policy has learned.
         key = (policy.name, shape_key(wanted), policy_version(policy))
         raw = self.cache.evaluate_memoised(names, key, score)
-        fitting = {n: s for n, s in raw.items() if s is not None} if None in raw.values() else raw
+        fitting = raw
+        if None in raw.values():
+            # Only a name that scores None can be no node of the cache, and only those need their spelling checked.
+            check_node_names(self.cache.unknown(names))
+            fitting = {n: s for n, s in raw.items() if s is not None}
         scores = extender_scores(cast(dict[str, float], fitting), self.tie_seed)
         return [{"Host": name, "Score": value} for name, value in zip(names, map(scores.get, names, repeat(0)),
                                                                        strict=True)]

@@ -6,7 +6,8 @@ import functools
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import combinations
+from itertools import combinations, compress, repeat
+from operator import eq
 from typing import Protocol, runtime_checkable
 
 from gpushare.contract import PodRequest
@@ -92,8 +93,9 @@ def extender_scores(scores: dict[str, float], seed: int = 0) -> dict[str, int]:
         return {}
     low, high = min(scores.values()), max(scores.values())
     # Prioritize asks this for hundreds of nodes per pod, in few distinct scores: C-level passes over the names,
-    # Python work per distinct score and per node tied for the best.
-    best = max((n for n, s in scores.items() if s == high), key=lambda n: node_priority(n, seed))
+    # Python work only per distinct score.
+    tied = compress(scores, map(eq, scores.values(), repeat(high)))
+    best = max(tied, key=functools.partial(node_priority, seed=seed))
     span = high - low
     levels = {s: MAX_EXTENDER_SCORE - 1 if span <= 0 else min(int((s - low) / span * (MAX_EXTENDER_SCORE - 1)),
                                                                MAX_EXTENDER_SCORE - 1)
