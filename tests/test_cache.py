@@ -307,6 +307,7 @@ def test_memoised_answers_stay_right_for_more_keys_than_the_cache_keeps_tables()
         assert cache.evaluate_memoised(["n2", "n1"], key, free) == {"n2": 8, "n1": 16}
     request = parse_request(gpu_pod("p", 4))
     cache.reserve("n1", "default/p", "uid-p", request, lambda node: binpack(node, request))
-    # Newest first: the last keys still have their tables, which forgot n1 only; the first keys' tables are gone.
+    # Newest first: the last keys still have their tables, with no answer yet for n1's new state; the first keys'
+    # tables are gone.
     for key in reversed(range(2 * MAX_ANSWER_TABLES)):
         assert cache.evaluate_memoised(["n2", "n1"], key, free) == {"n2": 8, "n1": 12}

@@ -21,7 +21,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from itertools import filterfalse, repeat
 from operator import is_
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from gpushare.cache.fitindex import MAX_FIT_SETS, FilterOutcome, FitSet, NodeSummary, fit_check, shape_key, summarise
 from gpushare.contract import MemoryUnit, NodeInfo, PodInfo, PodRequest, RequestError, parse_request, read_assignment
@@ -33,12 +33,14 @@ log = logging.getLogger(__name__)
 # Distinct request shapes whose failure messages a node remembers until its state changes.
 MAX_REMEMBERED_REASONS = 64
 
-# Distinct keys (policy, request shape, learned-workload version) with a table of answers per node name, each kept
-# until the node changes: a fast path only, since the shared table below answers for every node in the same state.
-# A table holds at most one entry per node (under 1 MB at 15,000 nodes); the oldest key goes first.
+# Distinct keys (policy, request shape, learned-workload version) with a table of answers per node state; the oldest
+# key goes first.
 MAX_ANSWER_TABLES = 32
-# Answers shared by all nodes in one state, per key; cleared whole when full (a few MB at most).
-MAX_SHARED_ANSWERS = 100_000
+# Answers one key's table holds, one per distinct node state asked about; cleared whole when full (1 MB or so).
+MAX_STATE_ANSWERS = 16_384
+# Distinct node states numbered (state_signature -> id); forgotten whole when full. Ids are never reused, so a
+# state numbered again only costs its answers once more.
+MAX_STATE_IDS = 50_000
 
 T = TypeVar("T")
 _UNKNOWN = object()
@@ -63,7 +65,7 @@ class Reservation:
 class _Entry:
     """One node: its API view (``None`` once deleted or before it was seen) and its accounted state."""
 
-    __slots__ = ("info", "lock", "name", "reasons", "signature", "state")
+    __slots__ = ("info", "lock", "name", "reasons", "state", "state_id")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -71,7 +73,7 @@ class _Entry:
         self.info: NodeInfo | None = None
         self.state = Node(name=name, gpus=[])
         self.reasons: dict[tuple[Any, ...], tuple[bool, str]] = {}
-        self.signature: Hashable = None
+        self.state_id = -1
 
 
 class ClusterCache:
@@ -87,9 +89,12 @@ class ClusterCache:
         self._reservations: dict[str, Reservation] = {}
         self._index_lock = threading.Lock()
         self._fit_sets: dict[tuple[Any, ...], FitSet] = {}
-        self._shared_answers: dict[tuple[Hashable, Hashable], Any] = {}
-        # key -> node name -> answer; a node's name leaves every table when the node changes (under the index lock).
-        self._answer_tables: dict[Hashable, dict[str, Any]] = {}
+        # Equal states share one id (``state_signature``), and a node gets a new one whenever it changes.
+        self._state_ids: dict[Hashable, int] = {}
+        self._next_state_id = 0
+        self._node_states: dict[str, int] = {}
+        # key -> node state id -> answer.
+        self._answer_tables: dict[Hashable, dict[int, Any]] = {}
         self._capacity: dict[str, int] | None = None
         # Pods a preemption nominated to a node and not bound yet, by node: rare, so read outside the fit index.
         self._nominated: dict[str, dict[str, tuple[str, PodRequest]]] = {}
@@ -239,44 +244,43 @@ class ClusterCache:
         return out
 
     def evaluate_memoised(self, names: Iterable[str], key: Hashable, read: Callable[[Node], T]) -> dict[str, T | None]:
-        """``evaluate``, remembering each answer under ``key`` until the node changes, and sharing it with every
-        node in the same state (``state_signature``).
+        """``evaluate``, remembering each answer under ``key`` for the node's state (``state_signature``): every
+        node in that state shares it, and a node that changes gets its answer for its new state.
 
         ``read`` must depend on nothing but the node's state and what ``key`` names (for a score: the policy,
         the request's shape and the version of what the policy learned). kube-scheduler sends the same nodes
         for pod after pod and few of them change in between, and large clusters hold many nodes in identical
-        states (empty ones, full ones), so most answers are a lookup: one C-level pass over the names.
+        states (empty ones, full ones), so most answers are lookups: two C-level passes over the names.
         """
         names = list(names)
         table = self._answer_table(key)
-        # Lock-free: at worst the answer from just before a change.
-        found: list[Any] = list(map(table.get, names, repeat(_UNKNOWN)))
+        # Lock-free: at worst the answer for the node's state from just before a change.
+        states = list(map(self._node_states.get, names))
+        lookup = cast(Callable[[int | None, object], Any], table.get)  # None, for no node, is never a key
+        found: list[Any] = list(map(lookup, states, repeat(_UNKNOWN)))
         if any(map(is_, found, repeat(_UNKNOWN))):
             for i, name in enumerate(names):
                 if found[i] is _UNKNOWN:
-                    found[i] = self._answer(name, key, table, read)
+                    found[i] = None if states[i] is None else self._answer(name, table, read)
         return dict(zip(names, found, strict=True))
 
-    def _answer(self, name: str, key: Hashable, table: dict[str, Any], read: Callable[[Node], Any]) -> Any:
-        """One node's answer under ``key``: from the nodes in the same state, else ``read``; remembered in ``table``."""
+    def _answer(self, name: str, table: dict[int, Any], read: Callable[[Node], Any]) -> Any:
+        """One node's answer for its current state: from ``table``, else ``read`` and remembered there."""
         entry = self._entries.get(name)
         if entry is None:
             return None
-        with entry.lock:  # a change clears the node from every table under this lock: no stale answer is stored
+        with entry.lock:
             if entry.info is None:
                 return None
-            both = (key, entry.signature)
-            shared = self._shared_answers
-            known = shared.get(both, _UNKNOWN)
+            known = table.get(entry.state_id, _UNKNOWN)
             if known is _UNKNOWN:
                 known = read(entry.state)
-                if len(shared) >= MAX_SHARED_ANSWERS:
-                    shared.clear()
-                shared[both] = known
-            table[entry.name] = known
+                if len(table) >= MAX_STATE_ANSWERS:
+                    table.clear()
+                table[entry.state_id] = known
         return known
 
-    def _answer_table(self, key: Hashable) -> dict[str, Any]:
+    def _answer_table(self, key: Hashable) -> dict[int, Any]:
         table = self._answer_tables.get(key)
         if table is not None:
             return table
@@ -498,7 +502,7 @@ class ClusterCache:
     def _refresh(self, entry: _Entry) -> None:
         """Republish the node's summary and its place in every fit set; call with its lock held after any change."""
         entry.reasons.clear()
-        entry.signature = state_signature(entry.state)
+        signature = state_signature(entry.state)
         name = entry.name
         summary = None if entry.info is None else summarise(entry.state)
         if summary is None:
@@ -508,7 +512,16 @@ class ClusterCache:
         with self._index_lock:
             for fit_set in self._fit_sets.values():
                 fit_set.update(name, summary)
-            for table in self._answer_tables.values():
-                table.pop(name, None)
+            if summary is None:
+                self._node_states.pop(name, None)
+                return
+            state_id = self._state_ids.get(signature)
+            if state_id is None:
+                if len(self._state_ids) >= MAX_STATE_IDS:
+                    self._state_ids.clear()
+                state_id = self._state_ids[signature] = self._next_state_id
+                self._next_state_id += 1
+            entry.state_id = state_id
+            self._node_states[name] = state_id
 
 
