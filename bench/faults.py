@@ -252,11 +252,19 @@ class BindAnswer:
 def bind_all(rig: Rig, pods: Sequence[dict[str, Any]], node_of: Callable[[int], str],
              fault: Callable[[], None] | None = None) -> list[BindAnswer]:
     """Filter each pod onto its node, then send every bind at once, as kube-scheduler's bind goroutines do;
-    ``fault`` is injected 50 ms after the binds start."""
+    ``fault`` is injected as soon as the first bind is answered, while the others are still in flight (after a
+    fixed delay, fast binds could all be done)."""
+    answered = threading.Event()
+
+    def inject() -> None:
+        answered.wait()
+        if fault is not None:
+            fault()
+
     with httpx.Client(base_url=rig.extender_url + PREFIX, timeout=60) as http:
         for i, pod in enumerate(pods):
             http.post("/filter", content=orjson.dumps({"Pod": pod, "NodeNames": [node_of(i)]}))
-        timer = threading.Timer(0.05, fault) if fault is not None else None
+        injector = threading.Thread(target=inject, name="fault") if fault is not None else None
 
         def bind(item: tuple[int, dict[str, Any]]) -> BindAnswer:
             i, pod = item
@@ -269,14 +277,16 @@ def bind_all(rig: Rig, pods: Sequence[dict[str, Any]], node_of: Callable[[int], 
                     f"HTTP {response.status_code}")
             except httpx.HTTPError as exc:
                 error = f"no answer: {type(exc).__name__}"
+            answered.set()
             return BindAnswer(meta["name"], time.perf_counter() - started, error)
 
         with ThreadPoolExecutor(len(pods) or 1) as pool:
-            if timer is not None:
-                timer.start()
+            if injector is not None:
+                injector.start()
             answers = list(pool.map(bind, enumerate(pods)))
-        if timer is not None:
-            timer.join()
+        answered.set()  # no pods, no answer: the fault still comes, so that the scenario goes on
+        if injector is not None:
+            injector.join()
         return answers
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from itertools import repeat
+from typing import Any, cast
 
 from extender.gang import Gangs
 from extender.placement import PolicyBook, RequestCache
@@ -50,11 +51,11 @@ class Verbs:
 
     def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
         names = args.names
-        check_node_names(self.cache.unknown(names))
         try:
             wanted = self.cache.resolve(self.requests.request(args.pod))
             policy = self.book.for_request(wanted)
         except ValueError:  # filter has already told kube-scheduler why
+            check_node_names(self.cache.unknown(names))
             return [{"Host": name, "Score": 0} for name in names]
 
         planned = self.gangs.planned_node(args.pod)
@@ -72,5 +73,11 @@ class Verbs:
         # A node's score changes only with its state, the pod's shape and what the policy has learned.
         key = (policy.name, shape_key(wanted), policy_version(policy))
         raw = self.cache.evaluate_memoised(names, key, score)
-        scores = extender_scores({n: s for n, s in raw.items() if s is not None}, self.tie_seed)
-        return [{"Host": name, "Score": scores.get(name, 0)} for name in names]
+        fitting = raw
+        if None in raw.values():
+            # Only a name that scores None can be no node of the cache, and only those need their spelling checked.
+            check_node_names(self.cache.unknown(names))
+            fitting = {n: s for n, s in raw.items() if s is not None}
+        scores = extender_scores(cast(dict[str, float], fitting), self.tie_seed)
+        return [{"Host": name, "Score": value} for name, value in zip(names, map(scores.get, names, repeat(0)),
+                                                                       strict=True)]

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.inspect import inspect_nodes
-from gpushare.cache.state import ClusterCache, ReservationError
+from gpushare.cache.state import MAX_ANSWER_TABLES, ClusterCache, ReservationError
 from gpushare.contract import (
     ANN_NODE_INVENTORY,
     RESOURCE_GPU_COUNT,
@@ -293,3 +293,21 @@ def test_memoised_answers_last_until_the_node_changes_and_are_shared_by_equal_no
     assert cache.evaluate_memoised(["n1", "n2"], "k", free) == {"n1": 12, "n2": 16}
     assert cache.evaluate_memoised(["n1"], "other key", free) == {"n1": 12}
     assert reads == ["n1", "n1", "n1"]  # only the changed node, and the new key, were read again
+
+
+def test_memoised_answers_stay_right_for_more_keys_than_the_cache_keeps_tables() -> None:
+    cache = ClusterCache()
+    cache.upsert_node(node_info("n1", [16384]))
+    cache.upsert_node(node_info("n2", [8192]))
+
+    def free(node: Node) -> int:
+        return node.gpus[0].free
+
+    for key in range(2 * MAX_ANSWER_TABLES):
+        assert cache.evaluate_memoised(["n2", "n1"], key, free) == {"n2": 8, "n1": 16}
+    request = parse_request(gpu_pod("p", 4))
+    cache.reserve("n1", "default/p", "uid-p", request, lambda node: binpack(node, request))
+    # Newest first: the last keys still have their tables, with no answer yet for n1's new state; the first keys'
+    # tables are gone.
+    for key in reversed(range(2 * MAX_ANSWER_TABLES)):
+        assert cache.evaluate_memoised(["n2", "n1"], key, free) == {"n2": 8, "n1": 12}

@@ -388,6 +388,15 @@ def test_wrong_shapes_are_400(env: Env, payload: Any, message: str) -> None:
         assert message in response.json()["Error"]
 
 
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "preempt", "bind"])
+def test_verbs_answer_only_post(env: Env, verb: str) -> None:
+    response = env.http.get(f"/gpushare-scheduler/{verb}")
+    assert response.status_code == 405
+    assert response.headers["allow"] == "POST"
+    assert response.json() == {"detail": "Method Not Allowed"}
+    assert env.http.post(f"/gpushare-scheduler/{verb}/more", content=b"{}").status_code == 404
+
+
 def test_bind_with_missing_fields_is_400(env: Env) -> None:
     response = env.post("bind", {"PodName": "p", "PodNamespace": "default"})
     assert response.status_code == 400

@@ -19,7 +19,8 @@ import threading
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
-from itertools import filterfalse
+from itertools import filterfalse, repeat
+from operator import is_
 from typing import Any, TypeVar, cast
 
 from gpushare.cache.fitindex import MAX_FIT_SETS, FilterOutcome, FitSet, NodeSummary, fit_check, shape_key, summarise
@@ -42,12 +43,14 @@ log = logging.getLogger(__name__)
 # Distinct request shapes whose failure messages a node remembers until its state changes.
 MAX_REMEMBERED_REASONS = 64
 
-# Distinct keys (policy, request shape, learned-workload version) whose answers a node remembers until it changes:
-# a fast path only, since the shared table below answers for every node in the same state. At 15,000 nodes each
-# remembered answer costs a few MB, so few are kept.
-MAX_REMEMBERED_ANSWERS = 8
-# Answers shared by all nodes in one state, per key; cleared whole when full (a few MB at most).
-MAX_SHARED_ANSWERS = 100_000
+# Distinct keys (policy, request shape, learned-workload version) with a table of answers per node state; the oldest
+# key goes first.
+MAX_ANSWER_TABLES = 32
+# Answers one key's table holds, one per distinct node state asked about; cleared whole when full (1 MB or so).
+MAX_STATE_ANSWERS = 16_384
+# Distinct node states numbered (state_signature -> id); forgotten whole when full. Ids are never reused, so a
+# state numbered again only costs its answers once more.
+MAX_STATE_IDS = 50_000
 
 T = TypeVar("T")
 _UNKNOWN = object()
@@ -74,7 +77,7 @@ class Reservation:
 class _Entry:
     """One node: its API view (``None`` once deleted or before it was seen) and its accounted state."""
 
-    __slots__ = ("affinity", "info", "lock", "memo", "name", "reasons", "signature", "state")
+    __slots__ = ("affinity", "info", "lock", "name", "reasons", "state", "state_id")
 
     def __init__(self, name: str) -> None:
         self.affinity: frozenset[str] = frozenset()
@@ -84,8 +87,7 @@ class _Entry:
         self.info: NodeInfo | None = None
         self.state = Node(name=name, gpus=[])
         self.reasons: dict[tuple[Any, ...], tuple[bool, str]] = {}
-        self.memo: dict[Hashable, Any] = {}
-        self.signature: Hashable = None
+        self.state_id = -1
 
 
 class ClusterCache:
@@ -101,7 +103,12 @@ class ClusterCache:
         self._reservations: dict[str, Reservation] = {}
         self._index_lock = threading.Lock()
         self._fit_sets: dict[tuple[Any, ...], FitSet] = {}
-        self._shared_answers: dict[tuple[Hashable, Hashable], Any] = {}
+        # Equal states share one id (``state_signature``), and a node gets a new one whenever it changes.
+        self._state_ids: dict[Hashable, int] = {}
+        self._next_state_id = 0
+        self._node_states: dict[str, int] = {}
+        # key -> node state id -> answer.
+        self._answer_tables: dict[Hashable, dict[int, Any]] = {}
         self._capacity: dict[str, int] | None = None
         # Pods a preemption nominated to a node and not bound yet, by node: rare, so read outside the fit index.
         self._nominated: dict[str, dict[str, tuple[str, PodRequest]]] = {}
@@ -290,39 +297,53 @@ class ClusterCache:
         return out
 
     def evaluate_memoised(self, names: Iterable[str], key: Hashable, read: Callable[[Node], T]) -> dict[str, T | None]:
-        """``evaluate``, remembering each answer under ``key`` until the node changes, and sharing it with every
-        node in the same state (``state_signature``).
+        """``evaluate``, remembering each answer under ``key`` for the node's state (``state_signature``): every
+        node in that state shares it, and a node that changes gets its answer for its new state.
 
         ``read`` must depend on nothing but the node's state and what ``key`` names (for a score: the policy,
         the request's shape and the version of what the policy learned). kube-scheduler sends the same nodes
         for pod after pod and few of them change in between, and large clusters hold many nodes in identical
-        states (empty ones, full ones), so most answers are a dictionary lookup.
+        states (empty ones, full ones), so most answers are lookups: two C-level passes over the names.
         """
-        out: dict[str, T | None] = {}
-        shared = self._shared_answers
-        for name in names:
-            entry = self._entries.get(name)
-            if entry is None:
-                out[name] = None
-                continue
-            known = entry.memo.get(key, _UNKNOWN)  # lock-free: at worst the answer from just before a change
+        names = list(names)
+        table = self._answer_table(key)
+        # Lock-free: at worst the answer for the node's state from just before a change.
+        states = list(map(self._node_states.get, names))
+        lookup = cast(Callable[[int | None, object], Any], table.get)  # None, for no node, is never a key
+        found: list[Any] = list(map(lookup, states, repeat(_UNKNOWN)))
+        if any(map(is_, found, repeat(_UNKNOWN))):
+            for i, name in enumerate(names):
+                if found[i] is _UNKNOWN:
+                    found[i] = None if states[i] is None else self._answer(name, table, read)
+        return dict(zip(names, found, strict=True))
+
+    def _answer(self, name: str, table: dict[int, Any], read: Callable[[Node], Any]) -> Any:
+        """One node's answer for its current state: from ``table``, else ``read`` and remembered there."""
+        entry = self._entries.get(name)
+        if entry is None:
+            return None
+        with entry.lock:
+            if entry.info is None:
+                return None
+            known = table.get(entry.state_id, _UNKNOWN)
             if known is _UNKNOWN:
-                with entry.lock:
-                    if entry.info is None:
-                        out[name] = None
-                        continue
-                    both = (key, entry.signature)
-                    known = shared.get(both, _UNKNOWN)
-                    if known is _UNKNOWN:
-                        known = read(entry.state)
-                        if len(shared) >= MAX_SHARED_ANSWERS:
-                            shared.clear()
-                        shared[both] = known
-                    if len(entry.memo) >= MAX_REMEMBERED_ANSWERS:
-                        entry.memo.clear()
-                    entry.memo[key] = known
-            out[name] = cast(T, known)
-        return out
+                known = read(entry.state)
+                if len(table) >= MAX_STATE_ANSWERS:
+                    table.clear()
+                table[entry.state_id] = known
+        return known
+
+    def _answer_table(self, key: Hashable) -> dict[int, Any]:
+        table = self._answer_tables.get(key)
+        if table is not None:
+            return table
+        with self._index_lock:
+            table = self._answer_tables.get(key)
+            if table is None:
+                table = self._answer_tables[key] = {}
+                while len(self._answer_tables) > MAX_ANSWER_TABLES:  # the oldest key goes first
+                    del self._answer_tables[next(iter(self._answer_tables))]
+        return table
 
     # -- reservations --------------------------------------------------------------------------------------
 
@@ -601,8 +622,7 @@ class ClusterCache:
     def _refresh(self, entry: _Entry) -> None:
         """Republish the node's summary and its place in every fit set; call with its lock held after any change."""
         entry.reasons.clear()
-        entry.memo.clear()
-        entry.signature = state_signature(entry.state)
+        signature = state_signature(entry.state)
         name = entry.name
         summary = None if entry.info is None else summarise(entry.state)
         if summary is None:
@@ -616,6 +636,17 @@ class ClusterCache:
             if affinity != entry.affinity:
                 self._index_affinity(name, entry.affinity, affinity)
                 entry.affinity = affinity
+            if summary is None:
+                self._node_states.pop(name, None)
+                return
+            state_id = self._state_ids.get(signature)
+            if state_id is None:
+                if len(self._state_ids) >= MAX_STATE_IDS:
+                    self._state_ids.clear()
+                state_id = self._state_ids[signature] = self._next_state_id
+                self._next_state_id += 1
+            entry.state_id = state_id
+            self._node_states[name] = state_id
 
     def _index_affinity(self, name: str, old: frozenset[str], new: frozenset[str]) -> None:
         """Move the node between the affinity groups' node sets; call with the index lock held."""

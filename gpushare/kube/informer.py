@@ -12,7 +12,6 @@ the list over; a streamed consumer then sees its iterator raise ``ListRestarted`
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -153,9 +152,9 @@ def _events(response: urllib3.BaseHTTPResponse) -> Iterator[Obj]:
         *lines, pending = pending.split(b"\n")
         for line in lines:
             if line.strip():
-                yield json.loads(line)
+                yield orjson.loads(line)
     if pending.strip():
-        yield json.loads(pending)
+        yield orjson.loads(pending)
 
 
 class _PagedList:

@@ -6,7 +6,8 @@ import functools
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import combinations
+from itertools import combinations, compress, repeat
+from operator import eq
 from typing import Protocol, runtime_checkable
 
 from gpushare.contract import PodRequest
@@ -90,17 +91,17 @@ def extender_scores(scores: dict[str, float], seed: int = 0) -> dict[str, int]:
     """
     if not scores:
         return {}
-    best = max(scores, key=lambda n: (scores[n], node_priority(n, seed)))
     low, high = min(scores.values()), max(scores.values())
+    # Prioritize asks this for hundreds of nodes per pod, in few distinct scores: C-level passes over the names,
+    # Python work only per distinct score.
+    tied = compress(scores, map(eq, scores.values(), repeat(high)))
+    best = max(tied, key=functools.partial(node_priority, seed=seed))
     span = high - low
-    out: dict[str, int] = {}
-    for name, score in scores.items():
-        if name == best:
-            out[name] = MAX_EXTENDER_SCORE
-        elif span <= 0:
-            out[name] = MAX_EXTENDER_SCORE - 1
-        else:
-            out[name] = min(int((score - low) / span * (MAX_EXTENDER_SCORE - 1)), MAX_EXTENDER_SCORE - 1)
+    levels = {s: MAX_EXTENDER_SCORE - 1 if span <= 0 else min(int((s - low) / span * (MAX_EXTENDER_SCORE - 1)),
+                                                               MAX_EXTENDER_SCORE - 1)
+              for s in set(scores.values())}
+    out = dict(zip(scores, map(levels.__getitem__, scores.values()), strict=True))
+    out[best] = MAX_EXTENDER_SCORE
     return out
 
 
