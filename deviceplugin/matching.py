@@ -8,7 +8,9 @@ has a GPU container without devices:
   Containers are taken in spec order, the order the kubelet admits them. Pods from Aliyun's extender (no
   shares recorded) match when their whole request equals the device count, as in Aliyun.
 * Among matching pods, one whose extender-chosen GPUs are where the devices come from goes first (this
-  plugin's ``GetPreferredAllocation`` steers the kubelet there); then the oldest ``ASSUME_TIME``.
+  plugin's ``GetPreferredAllocation`` steers the kubelet there); then the one that arrived bound first (the
+  order of ``pods``, which the kubelet admits them in). Aliyun takes the oldest ``ASSUME_TIME`` instead, but
+  binds run concurrently, and two pods' assume times may be in the other order than their bindings.
 * The devices decide the GPUs of a pod's first container when they form a valid placement (one GPU per
   requested GPU, evenly). Then the device IDs the kubelet records are the GPUs the container really uses,
   which is what lets the PodResources reconciler fix two same-size pods that the kubelet admitted in the
@@ -51,6 +53,8 @@ class Waiting:
     containers: tuple[tuple[str, int], ...]
     """GPU containers in spec order with their shares; Aliyun pods have one entry named "" for the pod."""
     allocated: frozenset[str] = frozenset()
+    arrival: int = 0
+    """The pod's place in the order the pods arrived bound (``waiting_pods``' input order)."""
 
     def next_container(self, units: int) -> str | None:
         for name, share in self.containers:
@@ -88,7 +92,7 @@ def waiting_pods(pods: Iterable[PodInfo], allocated: Mapping[str, frozenset[str]
     allocated = allocated or {}
     decided = decided or {}
     result = []
-    for pod in pods:
+    for arrival, pod in enumerate(pods):
         # Most pods on a node are long assigned: skip them before parsing their annotations.
         if is_assigned(pod) or not pod.is_active:
             continue
@@ -103,14 +107,14 @@ def waiting_pods(pods: Iterable[PodInfo], allocated: Mapping[str, frozenset[str]
         else:
             containers = (("", assignment.total),)
         done = frozenset(assignment.allocated_containers) | allocated.get(pod.uid, frozenset())
-        waiting = Waiting(pod, assignment, containers, done)
+        waiting = Waiting(pod, assignment, containers, done, arrival)
         if any(name not in done for name, _ in containers):
             result.append(waiting)
     return result
 
 
-def _age_order(waiting: Waiting) -> tuple[int, str]:
-    return waiting.assignment.assume_time_ns, waiting.pod.key
+def _arrival_order(waiting: Waiting) -> int:
+    return waiting.arrival
 
 
 def placement_from_devices(device_gpus: Counter[int], gpu_count: int) -> tuple[int, ...] | None:
@@ -147,9 +151,9 @@ def choose(waiting: Sequence[Waiting], requests: Sequence[tuple[int, Counter[int
         return None
     device_gpus = requests[0][1]
 
-    def rank(item: tuple[Waiting, list[str]]) -> tuple[bool, int, str]:
+    def rank(item: tuple[Waiting, list[str]]) -> tuple[bool, int]:
         w = item[0]
-        return (set(w.assignment.gpu_indices) != set(device_gpus), *_age_order(w))
+        return set(w.assignment.gpu_indices) != set(device_gpus), _arrival_order(w)
 
     chosen, names = min(eligible, key=rank)
     assignment = chosen.assignment
@@ -280,7 +284,7 @@ def preferred_devices(waiting: Sequence[Waiting], units: int, available: Sequenc
     by_gpu: dict[int, list[str]] = {}
     for device in pool:
         by_gpu.setdefault(gpu_of[device], []).append(device)
-    eligible = sorted((w for w in waiting if w.next_container(units) is not None), key=_age_order)
+    eligible = sorted((w for w in waiting if w.next_container(units) is not None), key=_arrival_order)
     if eligible:
         targets = list(eligible[0].assignment.gpu_indices)
     else:

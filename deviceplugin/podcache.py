@@ -2,6 +2,8 @@
 
 Allocate reads this cache instead of listing pods. The plugin's own writes are applied at once from the API
 server's reply, and an event older than what the cache holds is ignored, so a lagging watch never undoes them.
+``pods()`` lists them in the order they arrived bound: the order the kubelet, watching the same API server,
+learns of them and admits them, which is what tells apart two pods that an Allocate call could be for.
 """
 
 from __future__ import annotations
@@ -74,10 +76,12 @@ class PodCache:
             self._pods.pop(key, None)
 
     def _replace(self, items: list[Obj]) -> None:
-        fresh = {_key(obj): (obj, pod_info(obj)) for obj in items
-                 if obj.get("spec", {}).get("nodeName") == self.node_name}
+        listed = {_key(obj): obj for obj in items if obj.get("spec", {}).get("nodeName") == self.node_name}
         with self._lock:
-            self._pods = fresh
+            # Pods already known keep their place; new ones follow in the order they were written.
+            order = [k for k in self._pods if k in listed]
+            order += sorted((k for k in listed if k not in self._pods), key=lambda k: _version(listed[k]) or 0)
+            self._pods = {k: (listed[k], pod_info(listed[k])) for k in order}
 
     def _event(self, kind: str, obj: Obj) -> None:
         key = _key(obj)

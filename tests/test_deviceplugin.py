@@ -110,10 +110,12 @@ def test_the_pod_whose_gpu_the_devices_come_from_wins_over_an_older_one() -> Non
     assert match.waiting.pod.name == "newer" and match.gpus == (1,) and not match.moved
 
 
-def test_without_a_gpu_hint_the_oldest_assume_time_wins() -> None:
-    older = placed("older", {"c": 4}, gpus=(0,), assume=1)
-    newer = placed("newer", {"c": 4}, gpus=(0,), assume=2)
-    assert one(waiting_pods([newer, older]), 4, Counter({0: 4})).waiting.pod.name == "older"
+def test_without_a_gpu_hint_the_pod_bound_first_wins() -> None:
+    # Concurrent binds: "first" was assumed after "second" but its Binding landed first, so the kubelet, which
+    # watches the same API server, admits it first.
+    first = placed("first", {"c": 4}, gpus=(0,), assume=2)
+    second = placed("second", {"c": 4}, gpus=(0,), assume=1)
+    assert one(waiting_pods([first, second]), 4, Counter({0: 4})).waiting.pod.name == "first"
 
 
 def test_devices_of_another_gpu_move_the_pod_there() -> None:
@@ -202,11 +204,11 @@ def test_several_container_requests_are_matched_to_one_pod_as_a_whole() -> None:
     assert choose(waiting_pods([single, pair]), [(4, Counter({0: 4})), (3, Counter({0: 3}))]) is None
 
 
-def test_preferred_devices_come_from_the_gpu_of_the_oldest_matching_pod() -> None:
+def test_preferred_devices_come_from_the_gpu_of_the_matching_pod_bound_first() -> None:
     gpu_of = {f"GPU-aaaa-_-{n}": 0 for n in range(16)} | {f"GPU-bbbb-_-{n}": 1 for n in range(40)}
     available = list(gpu_of)
-    waiting = waiting_pods([placed("young", {"c": 4}, gpus=(0,), assume=9),
-                            placed("old", {"c": 4}, gpus=(1,), assume=1)])
+    waiting = waiting_pods([placed("bound-first", {"c": 4}, gpus=(1,), assume=9),
+                            placed("bound-second", {"c": 4}, gpus=(0,), assume=1)])
     chosen = preferred_devices(waiting, 4, available, [], gpu_of)
     assert len(chosen) == 4 and {gpu_of[d] for d in chosen} == {1}
 

@@ -62,12 +62,14 @@ def test_the_compute_limit_reaches_the_container_as_its_ceiling(mode: Isolation,
         with running_extender(node.cluster) as url, SchedulerLoop(node.cluster.api_client(),
                                                                   url + "/gpushare-scheduler") as loop:
             loop.start()
+            # Distinct sizes: Allocate names no pod, and same-size pods bound at the same instant may be told
+            # apart in the other order than the kubelet admits them (docs/device-plugin.md).
             node.create("burst", {"c": 4}, annotations={ANN_COMPUTE: "30", ANN_COMPUTE_LIMIT: "80"})
-            node.create("steady", {"c": 4}, annotations={ANN_COMPUTE: "20"})
+            node.create("steady", {"c": 5}, annotations={ANN_COMPUTE: "20"})
             node.core.create_namespaced_pod("default", {
                 "metadata": {"name": "kubeshare", "labels": {KUBESHARE_GPU_REQUEST: "0.2", KUBESHARE_GPU_LIMIT: "0.5"}},
                 "spec": {"containers": [{"name": "c", "image": "cuda",
-                                         "resources": {"limits": {RESOURCE_GPU_MEM: "4"}}}]}},
+                                         "resources": {"limits": {RESOURCE_GPU_MEM: "6"}}}]}},
                 _preload_content=False)
             for name in ("group-1", "group-2"):
                 node.create(name, {"c": 2}, annotations={ANN_AFFINITY: "pair"})
