@@ -40,7 +40,7 @@ from extender.wire import (
 )
 from gpushare import __version__
 from gpushare.cache.state import ClusterCache
-from gpushare.contract import PodInfo
+from gpushare.contract import PodInfo, names_a_gang
 from gpushare.kube.api import Kube
 from gpushare.kube.watch import ClusterWatch
 from gpushare.logs import clip
@@ -251,7 +251,10 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
         with metrics.timed("filter"):
             try:
                 args = parse_extender_args(await _read_body(request, config.max_body_bytes))
-                result = verbs.filter(args)
+                # A gang member's filter may read its PodGroup from the API server and plan the whole gang:
+                # off the event loop, which must keep answering health checks and other pods meanwhile.
+                result = (await run_in_threadpool(verbs.filter, args) if names_a_gang(args.pod)
+                          else verbs.filter(args))
             except (BadRequest, _BodyError) as exc:
                 return bad_request("filter", exc)
             ledger.record(args.pod.uid or args.pod.key, _passed(result))

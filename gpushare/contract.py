@@ -768,6 +768,11 @@ def _kubeshare_min(pod: PodInfo) -> int:
     return max(1, math.ceil(headcount * threshold - 1e-9))
 
 
+def names_a_gang(pod: PodInfo) -> bool:
+    """Whether the pod carries a gang label (valid or not): cheaper than ``read_gang``, for routing."""
+    return LABEL_POD_GROUP in pod.labels or KUBESHARE_GROUP_NAME in pod.labels
+
+
 def read_gang(pod: PodInfo) -> GangRef | None:
     """The pod's gang, or ``None`` when it names none; ``RequestError`` naming the field when a value is wrong."""
     group = pod.labels.get(LABEL_POD_GROUP)

@@ -3,7 +3,10 @@ scheduler loop driving it as kube-scheduler does (serial cycles, background bind
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
@@ -13,8 +16,20 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from test_extender_ha import replica, settled_leader
-from test_extender_harness import T4, T4_MIB, create_pod, gpu_node, pod_body, read_pod, running_extender, spec, wait_for
+from test_extender_harness import (
+    T4,
+    T4_MIB,
+    create_pod,
+    gpu_node,
+    pod_body,
+    read_pod,
+    running_extender,
+    serve,
+    spec,
+    wait_for,
+)
 
+from extender.app import create_app
 from extender.config import ExtenderConfig
 from gpushare.contract import (
     ANN_GROUP_MIN_MEMBER,
@@ -25,6 +40,7 @@ from gpushare.contract import (
     Assignment,
     MemoryUnit,
 )
+from gpushare.kube.api import Kube, PodGroups
 from gpushare.localcluster import LocalCluster
 from gpushare.localcluster.scheduler import SchedulerLoop
 
@@ -387,3 +403,37 @@ def test_without_the_crd_podgroups_are_not_served_and_the_annotation_decides() -
         create_pod(core, member("lone", "no-crd", min_member=2))
         assert failures(filter_pod(url + "/gpushare-scheduler", core, "lone")) == {
             "gang default/no-crd: 1 of 2 members exist; waiting for 1 more"}
+
+
+class HeldPodGroups(PodGroups):
+    """PodGroup reads that wait until the test lets them go, as against an API server that is slow to answer."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        super().__init__(api_client)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def read(self, namespace: str, name: str, *, timeout_s: float = 10.0) -> dict[str, Any]:
+        self.entered.set()
+        self.release.wait(30)
+        return super().read(namespace, name, timeout_s=timeout_s)
+
+
+def test_a_gang_members_filter_leaves_the_event_loop_free(cluster: LocalCluster, core: client.CoreV1Api) -> None:
+    api_client = cluster.api_client()
+    groups = HeldPodGroups(api_client)
+    app = create_app(ExtenderConfig(policy="binpack"), dataclasses.replace(Kube.from_api_client(api_client),
+                                                                           pod_groups=groups))
+    create_pod(core, member("slow-read", "slow-read-gang"))
+    with serve(app) as url, ThreadPoolExecutor(1) as pool:
+        wait_for(lambda: httpx.get(url + "/readyz").status_code == 200, "the extender to be ready")
+        pending = pool.submit(filter_pod, url + "/gpushare-scheduler", core, "slow-read")
+        assert groups.entered.wait(10), "the member's filter never read its PodGroup"
+        try:
+            # The PodGroup read is still waiting: health and a plain pod's filter answer meanwhile.
+            assert httpx.get(url + "/healthz", timeout=5).status_code == 200
+            create_pod(core, pod_body("plain", 4))
+            assert filter_pod(url + "/gpushare-scheduler", core, "plain")["NodeNames"]
+        finally:
+            groups.release.set()
+        assert "PodGroup" in pending.result(timeout=30)["Error"]

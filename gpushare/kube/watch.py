@@ -9,7 +9,7 @@ from gpushare.cache.budgets import Budgets
 from gpushare.cache.gangs import GangIndex
 from gpushare.cache.pending import PendingPods
 from gpushare.cache.state import ClusterCache
-from gpushare.contract import KUBESHARE_GROUP_NAME, LABEL_POD_GROUP, PodInfo
+from gpushare.contract import PodInfo, names_a_gang
 from gpushare.kube.api import ListCall, Obj
 from gpushare.kube.convert import budget_info, node_info, pod_info
 from gpushare.kube.informer import Informer
@@ -86,7 +86,7 @@ class ClusterWatch:
                     pending.append(pod)
                 elif pod.labels:
                     bound.append(pod)
-                if pod.labels and (LABEL_POD_GROUP in pod.labels or KUBESHARE_GROUP_NAME in pod.labels):
+                if pod.labels and names_a_gang(pod):
                     grouped.append(pod)
                 yield pod
 
