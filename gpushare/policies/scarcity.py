@@ -15,8 +15,8 @@ stranded unit of constrained demand is as unallocated as a fragmented one. A pod
 the same everywhere it can go, so its choice is unchanged; a pod accepting several models goes to the one
 least pressed. Without constrained demand the pressure is zero and the policy is ``fgd-lookahead``.
 
-Both facts are learned or known at the time: the demand from the pods seen (the same decayed histogram as
-the target workload, all of it rather than the 95% target, since constrained shapes are many and small),
+Both facts are learned or known at the time: the demand from the pods seen (the whole decayed histogram, since
+constrained shapes are many and small; the lookahead's target is the whole histogram too, see ``__init__``),
 the capacity per model from the cluster's nodes (``observe_inventory``, fed by the caller: the extender's
 node cache, the replay's node list).
 """
@@ -54,13 +54,18 @@ def model_pressure(histogram: Mapping[Shape, float], capacity: Mapping[str, int]
     return {m: min(p, 1.0) for m, p in pressure.items()}
 
 
+WHOLE_WORKLOAD = 1.0
+
+
 class ScarcityLookahead(FragmentationLookahead):
     """``fgd-lookahead`` plus the cost of taking capacity of a model that constrained demand needs."""
 
     name = "fgd-scarcity"
 
     def __init__(self, workload: WorkloadDistribution | None = None) -> None:
-        super().__init__(workload)
+        # Every learned shape, not the most frequent 95%: the rare large ones (eight GPUs and 120 cores) are
+        # the ones whose room the lookahead must keep, and the first to fail when it does not count them.
+        super().__init__(workload if workload is not None else WorkloadDistribution(coverage=WHOLE_WORKLOAD))
         self._capacity: dict[str, int] = {}
         self._pressure: dict[str, float] = {}
         self._basis: tuple[int, int] = (-1, 0)
