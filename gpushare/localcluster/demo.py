@@ -250,12 +250,8 @@ def _act_preemption(api: client.ApiClient, core: Any, components: Components) ->
     rows = [[e.involved_object.name, e.reason, e.message] for e in events
             if e.reason in ("Preempted", "FailedScheduling") and (e.reason == "Preempted" or e.involved_object.name
                                                                   == name)]
-    pod = core.read_namespaced_pod(name, "default")
-    ann = pod.metadata.annotations or {}
-    rows.append([name, "Running", f"on {pod.spec.node_name}, GPU(s) {ann.get(contract.ANN_GPU_INDICES, '-')}, "
-                 f"{ann.get(contract.ANN_POD, '-')} GiB"])
-    print(tabulate(rows, headers=["POD", "WHAT", "MESSAGE"], maxcolwidths=[None, None, 90]))
-    print()
+    rows.append(_running_row(core, name))
+    _print_rows(rows)
 
 
 def _act_gang(api: client.ApiClient, core: Any, components: Components) -> None:
@@ -272,11 +268,19 @@ def _act_gang(api: client.ApiClient, core: Any, components: Components) -> None:
     core.create_namespaced_pod("default", last)
     names = [m["metadata"]["name"] for m in (*early, last)]
     _wait("the gang to run", lambda: all(_phase(core, n) == "Running" for n in names), components, timeout_s=90)
-    for name in names:
-        pod = core.read_namespaced_pod(name, "default")
-        ann = pod.metadata.annotations or {}
-        rows.append([name, "Running", f"on {pod.spec.node_name}, GPU(s) {ann.get(contract.ANN_GPU_INDICES, '-')}, "
-                     f"{ann.get(contract.ANN_POD, '-')} GiB"])
+    rows.extend(_running_row(core, name) for name in names)
+    _print_rows(rows)
+
+
+def _running_row(core: Any, name: str) -> list[str]:
+    """Where a running pod is and what it holds, as bind wrote it."""
+    pod = core.read_namespaced_pod(name, "default")
+    ann = pod.metadata.annotations or {}
+    return [name, "Running", f"on {pod.spec.node_name}, GPU(s) {ann.get(contract.ANN_GPU_INDICES, '-')}, "
+                             f"{ann.get(contract.ANN_POD, '-')} GiB"]
+
+
+def _print_rows(rows: list[list[str]]) -> None:
     print(tabulate(rows, headers=["POD", "WHAT", "MESSAGE"], maxcolwidths=[None, None, 90]))
     print()
 
