@@ -74,6 +74,13 @@ def running_extender(cluster: LocalCluster, config: ExtenderConfig | None = None
         yield url
 
 
+def emptied_core(cluster: LocalCluster) -> client.CoreV1Api:
+    """The cluster's CoreV1Api with every pod of the default namespace deleted: a test starts from no pods."""
+    api = client.CoreV1Api(cluster.api_client())
+    api.delete_collection_namespaced_pod("default", grace_period_seconds=0)
+    return api
+
+
 def gpu_node(name: str, *gpus: tuple[str, int], cpu: str = "32") -> NodeSpec:
     return NodeSpec(name=name, cpu=cpu, gpus=[GPUSpec(model=m, memoryMiB=mib) for m, mib in gpus])
 

@@ -10,8 +10,17 @@ from typing import Any
 
 import httpx
 import pytest
-from kubernetes import client
-from test_extender_harness import T4, T4_MIB, create_pod, gpu_node, pod_body, read_pod, running_extender, spec
+from test_extender_harness import (
+    T4,
+    T4_MIB,
+    create_pod,
+    emptied_core,
+    gpu_node,
+    pod_body,
+    read_pod,
+    running_extender,
+    spec,
+)
 
 from extender.config import ConfigError, ExtenderConfig, parse_config
 from extender.placement import PolicyBook
@@ -93,9 +102,7 @@ def cluster() -> Iterator[LocalCluster]:
 
 @pytest.fixture
 def core(cluster: LocalCluster) -> Any:
-    api = client.CoreV1Api(cluster.api_client())
-    api.delete_collection_namespaced_pod("default", grace_period_seconds=0)
-    return api
+    return emptied_core(cluster)
 
 
 def test_the_policy_places_a_pod_without_gpu(cluster: LocalCluster, core: Any, tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from test_extender_harness import (
     T4,
     T4_MIB,
     create_pod,
+    emptied_core,
     gpu_node,
     pod_body,
     read_pod,
@@ -73,8 +74,7 @@ def extender(cluster: LocalCluster) -> Iterator[str]:
 
 @pytest.fixture
 def core(cluster: LocalCluster, extender: str) -> client.CoreV1Api:
-    api = client.CoreV1Api(cluster.api_client())
-    api.delete_collection_namespaced_pod("default", grace_period_seconds=0)
+    api = emptied_core(cluster)
     client.CustomObjectsApi(cluster.api_client()).delete_collection_namespaced_custom_object(*PG)
     # The extender's watch has seen the deletions: each test starts from empty GPUs.
     wait_for(lambda: metric(extender, "gpushare_extender_gpu_memory_allocated") == 0, "the extender's cache to empty")

@@ -16,6 +16,7 @@ from test_extender_harness import (
     V100_32,
     V100_32_MIB,
     create_pod,
+    emptied_core,
     gpu_node,
     pod_body,
     read_pod,
@@ -56,8 +57,7 @@ def extender(cluster: LocalCluster) -> Iterator[str]:
 
 @pytest.fixture
 def core(cluster: LocalCluster) -> client.CoreV1Api:
-    api = client.CoreV1Api(cluster.api_client())
-    api.delete_collection_namespaced_pod("default", grace_period_seconds=0)
+    api = emptied_core(cluster)
     client.PolicyV1Api(cluster.api_client()).delete_collection_namespaced_pod_disruption_budget("default")
     return api
 

@@ -14,6 +14,7 @@ from test_extender_harness import (
     V100_32,
     V100_32_MIB,
     create_pod,
+    emptied_core,
     gpu_node,
     pod_body,
     read_pod,
@@ -46,9 +47,7 @@ def extender(cluster: LocalCluster) -> Iterator[str]:
 
 @pytest.fixture
 def core(cluster: LocalCluster) -> client.CoreV1Api:
-    api = client.CoreV1Api(cluster.api_client())
-    api.delete_collection_namespaced_pod("default", grace_period_seconds=0)
-    return api
+    return emptied_core(cluster)
 
 
 def events_for(core: client.CoreV1Api, pod: str) -> list[tuple[str, str]]:
