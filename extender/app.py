@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from extender.binder import UNDO_GRACE_S, Binder, BindOutcome
+from extender.binder import Binder, BindOutcome
 from extender.config import ExtenderConfig
 from extender.forward import FORWARDED_BY_HEADER, BindForwarder
 from extender.gang import COMPONENT as GANG_COMPONENT
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 PREFIX = "/gpushare-scheduler"
 # A body must arrive within this long; kube-scheduler sends even a 15,000-node list in well under a second.
 BODY_READ_TIMEOUT_S = 10.0
-# Past the budget and the undo's grace, the answer goes out even if a bind's thread is still stuck in a call.
+# Past the budget, the answer goes out after this margin even if a bind's thread is still stuck in a call.
 ANSWER_MARGIN_S = 0.5
 
 
@@ -208,14 +208,14 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
     forwarder: BindForwarder | None = None
     if config.leader is not None:
         # A replica contends only once its cache holds the whole cluster, so a new leader never binds from an
-        # empty cache; the previous leader's placements are in pod annotations, written before each Binding.
+        # empty cache; the previous leader's placements are in pod annotations, written with each Binding.
         elector = LeaderElector(kube.leases, config.leader, lambda: watch.synced)
-        # The leader answers within its budget and the undo's grace; the follower waits a little longer.
+        # The leader answers within its budget; the follower waits a little longer.
         # A follower presents the replicas' own certificate: the leader asks every caller for one its client CA
         # signed, and the chart's Secret has the same CA sign both (docs/install.md, "Certificates").
         peer_tls = ClientTLS(config.peer_ca, config.tls_cert, config.tls_key)
         forwarder = BindForwarder(config.leader.identity, peer_tls,
-                                  config.bind_timeout_s + UNDO_GRACE_S + ANSWER_MARGIN_S)
+                                  config.bind_timeout_s + ANSWER_MARGIN_S)
     metrics = ExtenderMetrics(cache, lambda: elector is None or elector.is_leader, metrics_registry)
 
     @asynccontextmanager
@@ -295,7 +295,7 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
         future = bind_pool.submit(binder.bind, args)
         # The slot is free when the thread is, not when the answer leaves: a stuck call keeps its slot.
         future.add_done_callback(lambda _: bind_slots.release())
-        wait_s = config.bind_timeout_s + UNDO_GRACE_S + ANSWER_MARGIN_S
+        wait_s = config.bind_timeout_s + ANSWER_MARGIN_S
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), wait_s)
         except TimeoutError:

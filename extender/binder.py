@@ -1,14 +1,16 @@
-"""bind: choose GPUs, hold them in the cache, record them on the pod, then bind the pod to its node.
+"""bind: choose GPUs, hold them in the cache, then bind the pod to its node with them in one write.
 
-Order matters. The reservation comes first so that concurrent binds never pick the same memory; the
-annotations are written with the pod's resourceVersion as a precondition, so a pod changed since it was
-read is re-read and re-decided rather than overwritten; the Binding comes last, so a pod never runs
-without the annotations the device plugin needs. Any failure undoes what was done and comes back as a
-sentence (kube-scheduler shows it in the pod's events; a non-200 status would show only "code 500").
+Order matters. The reservation comes first so that concurrent binds never pick the same memory. Then one
+Binding carries the assignment as annotations, which the API server merges into the pod as it sets the node
+(so the device plugin never sees the pod on its node without them), with the pod's UID and the
+resourceVersion just read as preconditions: a pod changed since it was read is re-read and re-decided rather
+than overwritten. One write is what kube-scheduler's own bind costs the API server, and a Binding refused
+writes nothing, so a failure only releases the reservation and comes back as a sentence (kube-scheduler shows
+it in the pod's events; a non-200 status would show only "code 500").
 
 Every bind has a time budget, below kube-scheduler's httpTimeout: each API call it makes, the Event included,
-gets what is left of it as its timeout, and nothing is retried past it. When it runs out the bind undoes what
-it did within ``UNDO_GRACE_S`` and answers a sentence, so kube-scheduler hears why before it gives up waiting.
+gets what is left of it as its timeout, and nothing is retried past it; then the bind answers a sentence, so
+kube-scheduler hears why before it gives up waiting.
 """
 
 from __future__ import annotations
@@ -30,10 +32,8 @@ log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 5
 COMPONENT = "gpushare-extender"
-# Under kube-scheduler's default httpTimeout (5 s) with room for the undo and the answer; see docs/extender.md.
+# Under kube-scheduler's default httpTimeout (5 s) with room for the answer; see docs/extender.md.
 DEFAULT_BUDGET_S = 3.0
-# After the budget, the undo (removing annotations written) may take this much longer; then the bind answers.
-UNDO_GRACE_S = 0.5
 
 
 class Deadline:
@@ -46,10 +46,6 @@ class Deadline:
     def left(self) -> float:
         return self._end - time.monotonic()
 
-    def extended(self, seconds: float) -> Deadline:
-        """A deadline ``seconds`` after this one (at least ``seconds`` from now)."""
-        return Deadline(max(self.left(), 0.0) + seconds)
-
 
 @dataclass(frozen=True, slots=True)
 class BindOutcome:
@@ -59,7 +55,7 @@ class BindOutcome:
 
 
 class _Changed(Exception):
-    """The pod changed between read and patch; read it again and decide again."""
+    """The pod changed between read and Binding; read it again and decide again."""
 
 
 class _Failed(Exception):
@@ -91,8 +87,8 @@ class Binder:
                     log.exception("unexpected failure while binding", extra={"node": args.node})
                 message = f"gpushare could not bind {who}: {exc}"
                 if isinstance(exc, Unavailable) and deadline.left() <= 0:
-                    message = (f"gpushare could not bind {who} within its {self.budget_s:g} s budget, so it undid "
-                               f"what it had done: {exc} kube-scheduler will try again.")
+                    message = (f"gpushare could not bind {who} within its {self.budget_s:g} s budget: {exc} "
+                               "kube-scheduler will try again.")
                 log.warning(message, extra={"pod": f"{args.pod_namespace}/{args.pod_name}", "node": args.node})
                 self._record_failure(args, message, deadline)
                 return BindOutcome(error=message, conflicts=conflicts)
@@ -128,17 +124,7 @@ class Binder:
         # decision already sees it.
         reservation = self._reserve(pod, request, args.node)
         try:
-            written = self._annotate(pod, request, reservation, deadline) if request.gpu_count else None
-            try:
-                self._pods.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, timeout_s=deadline.left())
-            except Exception as exc:
-                if written is not None:
-                    # An answer means no Binding was made: the annotations go. Without one (a timeout, a lost
-                    # connection) the Binding may have been made, and they go only if the pod is as we wrote it.
-                    annotations, version = written
-                    self._unannotate(pod, annotations, version if isinstance(exc, Unavailable) else None,
-                                     deadline.extended(UNDO_GRACE_S))
-                raise
+            self._bind(pod, request, reservation, args.node, deadline)
         except BaseException:
             if not reservation.gang:  # a gang's plan keeps its GPUs for the pod's next bind, until its timeout
                 self._cache.release(reservation)
@@ -180,38 +166,21 @@ class Binder:
         except ReservationError as exc:
             raise _Failed(str(exc)) from None
 
-    def _annotate(self, pod: PodInfo, request: PodRequest, reservation: Reservation,
-                  deadline: Deadline) -> tuple[dict[str, str], str | None]:
-        """Write the assignment; the annotations written and the pod's resourceVersion after the write."""
-        assignment = new_assignment(request, reservation.placement.gpu_indices, reservation.gpu_totals[0],
-                                    reservation.unit, time.time_ns())
-        annotations = assignment.annotations()
+    def _bind(self, pod: PodInfo, request: PodRequest, reservation: Reservation, node: str,
+              deadline: Deadline) -> None:
+        """The Binding, with the assignment for a GPU pod; a pod without GPUs is bound as kube-scheduler binds it.
+
+        A Conflict is a pod changed since it was read, or bound by someone else meanwhile: the next attempt
+        reads it from the API server and tells which. Without an answer (a timeout, a lost connection) the
+        Binding may have been made, with its annotations; the watch then shows the pod bound and counts it.
+        """
+        annotations, version = None, None
+        if request.gpu_count:
+            assignment = new_assignment(request, reservation.placement.gpu_indices, reservation.gpu_totals[0],
+                                        reservation.unit, time.time_ns())
+            annotations, version = assignment.annotations(), pod.resource_version
         try:
-            written = self._pods.annotate(pod.namespace, pod.name, pod.resource_version, annotations,
-                                          timeout_s=deadline.left())
+            self._pods.bind(pod.namespace, pod.name, pod.uid, node, annotations=annotations,
+                            resource_version=version, timeout_s=deadline.left())
         except Conflict:
             raise _Changed from None
-        except Unavailable:
-            # The write may have landed without its answer: undo it unconditionally, it is ours if it is there.
-            self._unannotate(pod, annotations, None, deadline.extended(UNDO_GRACE_S))
-            raise
-        version = written.get("metadata", {}).get("resourceVersion")
-        return annotations, version if isinstance(version, str) and version else None
-
-    def _unannotate(self, pod: PodInfo, annotations: dict[str, str], version: str | None, deadline: Deadline) -> None:
-        """Remove the annotations this bind wrote, best effort within ``deadline``.
-
-        With ``version`` (the pod as this bind wrote it) the removal happens only if nothing changed the pod
-        since: a Binding whose answer was lost may have gone through, and a bound pod must keep its assignment
-        for the device plugin. Annotations left on a pod that is not bound are harmless: the cache counts
-        only bound pods, and the next bind overwrites them.
-        """
-        try:
-            self._pods.annotate(pod.namespace, pod.name, version, dict.fromkeys(annotations),
-                                timeout_s=deadline.left())
-        except Conflict:
-            log.info("the pod changed after its annotations were written (perhaps bound after all); they stay",
-                     extra={"pod": pod.key})
-        except KubeError as exc:  # the bind's own error is the one to report
-            log.error("could not remove the GPU annotations of a pod whose bind failed; the next bind "
-                      "overwrites them: %s", exc, extra={"pod": pod.key})

@@ -132,7 +132,7 @@ def test_rbac_is_least_privilege(rendered: dict[str, Docs]) -> None:
     docs = rendered["default"]
     assert rules(docs, "gpushare-extender") == [
         (("",), ("nodes",), ("list", "watch")),
-        (("",), ("pods",), ("get", "list", "watch", "patch")),
+        (("",), ("pods",), ("get", "list", "watch")),
         (("",), ("bindings",), ("create",)),
         (("",), ("events",), ("create",)),
         (("policy",), ("poddisruptionbudgets",), ("list", "watch")),

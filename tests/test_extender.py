@@ -36,7 +36,7 @@ from gpushare.contract import (
     ANN_POD,
     MemoryUnit,
 )
-from gpushare.kube.api import DEFAULT_TIMEOUT_S, MERGE_PATCH, Obj, Pods
+from gpushare.kube.api import DEFAULT_TIMEOUT_S, MERGE_PATCH, Pods
 from gpushare.localcluster import LocalCluster
 
 FILTER_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
@@ -170,7 +170,7 @@ def test_prioritize_uses_the_pods_policy(env: Env) -> None:
     assert {e["Host"]: e["Score"] for e in scores} == {"mixed": 10, "t4x2": 0}
 
 
-def test_bind_writes_annotations_then_binds(env: Env) -> None:
+def test_bind_writes_annotations_with_the_binding(env: Env) -> None:
     pod = create_pod(env.core, pod_body("p", 10))
     assert env.bind(pod, "mixed") == ""
     stored = read_pod(env.core, "p")
@@ -195,7 +195,7 @@ def api_requests(env: Env) -> dict[tuple[str, str], float]:
     return counts
 
 
-def test_bind_takes_the_pod_from_its_watch_and_makes_two_api_calls(env: Env) -> None:
+def test_bind_takes_the_pod_from_its_watch_and_makes_one_api_call(env: Env) -> None:
     pod = create_pod(env.core, pod_body("watched", 2))
     wait_for(lambda: env.post("filter", {"Pod": pod, "NodeNames": ["mixed"]}).json()["NodeNames"] == ["mixed"],
              "the extender's watch to see the pod")
@@ -204,8 +204,10 @@ def test_bind_takes_the_pod_from_its_watch_and_makes_two_api_calls(env: Env) -> 
     after = api_requests(env)
     made = {k: after.get(k, 0) - before.get(k, 0) for k in after
             if after.get(k, 0) != before.get(k, 0) and k[1]}  # k[1] "": this test's own scrape of /metrics
-    # One merge patch of the annotations and one Binding: no GET of the pod, no Event for a bind that worked.
-    assert made == {("patch", "pods"): 1, ("bind", "pods"): 1}, made
+    # One Binding carrying the annotations, as kube-scheduler's own bind costs: no GET of the pod, no patch,
+    # no Event for a bind that worked.
+    assert made == {("bind", "pods"): 1}, made
+    assert read_pod(env.core, "watched")["metadata"]["annotations"][ANN_POD] == "2"
 
 
 def test_metrics_time_each_pod_from_its_first_filter_to_its_bind(env: Env) -> None:
@@ -304,23 +306,24 @@ def test_bind_of_a_pod_without_gpu(env: Env) -> None:
 
 
 class MeddlingPods(Pods):
-    """The extender's pod calls, except that another client changes the pod just before the first annotation."""
+    """The extender's pod calls, except that another client changes the pod just before the first Binding."""
 
     def __init__(self, cluster: LocalCluster) -> None:
         super().__init__(cluster.api_client())
         self._other = client.CoreV1Api(cluster.api_client())
         self.meddled = False
 
-    def annotate(self, namespace: str, name: str, resource_version: str | None,
-                 annotations: Mapping[str, str | None], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Obj:
+    def bind(self, namespace: str, name: str, uid: str, node: str, *, annotations: Mapping[str, str] | None = None,
+             resource_version: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         if not self.meddled:
             self.meddled = True
             self._other.patch_namespaced_pod(name, namespace, {"metadata": {"labels": {"meddled": "yes"}}},
                                              _content_type=MERGE_PATCH)
-        return super().annotate(namespace, name, resource_version, annotations, timeout_s=timeout_s)
+        super().bind(namespace, name, uid, node, annotations=annotations, resource_version=resource_version,
+                     timeout_s=timeout_s)
 
 
-def test_conflicting_change_between_read_and_patch_is_retried(cluster: LocalCluster) -> None:
+def test_conflicting_change_between_read_and_binding_is_retried(cluster: LocalCluster) -> None:
     core = client.CoreV1Api(cluster.api_client())
     core.delete_collection_namespaced_pod("default", grace_period_seconds=0)
     pods = MeddlingPods(cluster)
@@ -340,25 +343,27 @@ def test_conflicting_change_between_read_and_patch_is_retried(cluster: LocalClus
 class RivalBinderPods(Pods):
     """The extender's pod calls, except that another scheduler binds the pod to t4x2 just before our Binding."""
 
-    def bind(self, namespace: str, name: str, uid: str, node: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def bind(self, namespace: str, name: str, uid: str, node: str, *, annotations: Mapping[str, str] | None = None,
+             resource_version: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         super().bind(namespace, name, uid, "t4x2")
-        super().bind(namespace, name, uid, node, timeout_s=timeout_s)
+        super().bind(namespace, name, uid, node, annotations=annotations, resource_version=resource_version,
+                     timeout_s=timeout_s)
 
 
-def test_failed_binding_undoes_annotations_and_reservation(cluster: LocalCluster) -> None:
+def test_a_binding_refused_writes_nothing_and_releases_the_reservation(cluster: LocalCluster) -> None:
     core = client.CoreV1Api(cluster.api_client())
     core.delete_collection_namespaced_pod("default", grace_period_seconds=0)
     with running_extender(cluster, pods=RivalBinderPods(cluster.api_client())) as url:
         env = Env(cluster, url)
         pod = create_pod(core, pod_body("p", 12))
         error = env.bind(pod, "mixed")
-        assert error.startswith("gpushare could not bind pod default/p to node mixed: Could not bind pod default/p "
-                                "to node mixed: the API server at http://127.0.0.1:")
-        assert "409 Conflict" in error and "already assigned" in error
+        # The Binding conflicts; the pod read again is someone else's now.
+        assert error == "gpushare could not bind pod default/p to node mixed: the pod is already bound to node t4x2"
         stored = read_pod(core, "p")
         assert stored["spec"]["nodeName"] == "t4x2"
         assert ANN_IDX not in (stored["metadata"].get("annotations") or {})
         assert env.metric("gpushare_extender_reservations") == 0
+        assert env.metric("gpushare_extender_bind_conflicts_total") == 1
         assert env.inspect("mixed")["nodes"][0]["usedGPU"] == 0
         assert env.metric('gpushare_extender_binds_total{result="failed"}') == 1
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -141,11 +141,13 @@ class ReservationCountingPods(Pods):
         self.url = ""
         self.seen: list[float] = []
 
-    def bind(self, namespace: str, name: str, uid: str, node: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def bind(self, namespace: str, name: str, uid: str, node: str, *, annotations: Mapping[str, str] | None = None,
+             resource_version: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         metrics = httpx.get(self.url + "/metrics").text
         self.seen.extend(float(line.split()[-1]) for line in metrics.splitlines()
                          if line.startswith("gpushare_extender_reservations "))
-        super().bind(namespace, name, uid, node, timeout_s=timeout_s)
+        super().bind(namespace, name, uid, node, annotations=annotations, resource_version=resource_version,
+                     timeout_s=timeout_s)
 
 
 def test_bind_reserves_cpu_before_the_binding(cluster: LocalCluster, core: Any) -> None:

@@ -327,6 +327,23 @@ def test_binding_with_another_pods_uid_conflicts(core: client.CoreV1Api) -> None
     assert code == 409 and "UID" in status["message"]
 
 
+def test_binding_checks_its_resource_version_before_the_node(core: client.CoreV1Api) -> None:
+    created = core.create_namespaced_pod("default", pod("p"))
+    core.patch_namespaced_pod("p", "default", {"metadata": {"labels": {"changed": "yes"}}})
+    stale = binding("p", "node-0", uid=created.metadata.uid, resourceVersion=created.metadata.resource_version,
+                    annotations={"ALIYUN_COM_GPU_MEM_IDX": "1"})
+    code, status = api_error(lambda: core.create_namespaced_binding("default", stale, _preload_content=False))
+    assert code == 409 and status["details"]["kind"] == "pods"
+    assert "Precondition failed: ResourceVersion in precondition: " in status["message"]
+    unchanged = core.read_namespaced_pod("p", "default")
+    assert not unchanged.spec.node_name and not unchanged.metadata.annotations
+    # A precondition is checked before the pod's node: a stale Binding of a bound pod says it is stale.
+    current = binding("p", "node-0", resourceVersion=unchanged.metadata.resource_version)
+    core.create_namespaced_binding("default", current, _preload_content=False)
+    code, status = api_error(lambda: core.create_namespaced_binding("default", current, _preload_content=False))
+    assert code == 409 and "Precondition failed" in status["message"]
+
+
 # -- other kinds --------------------------------------------------------------------------------------------------
 
 

@@ -202,10 +202,18 @@ class Pods(_Resource):
                           self._core.patch_namespaced_pod, name, namespace, {"metadata": metadata},
                           _content_type=MERGE_PATCH, timeout_s=timeout_s)
 
-    def bind(self, namespace: str, name: str, uid: str, node: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        """Create the pod's Binding to ``node``; with a ``uid``, only that incarnation of the pod is bound."""
+    def bind(self, namespace: str, name: str, uid: str, node: str, *, annotations: Mapping[str, str] | None = None,
+             resource_version: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """Create the pod's Binding to ``node``, in one write: the pod gets its node and ``annotations`` together.
+
+        The API server merges a Binding's annotations into the pod and checks its metadata as preconditions: with
+        a ``uid`` only that incarnation of the pod is bound, with a ``resource_version`` only the pod as it was
+        then (else ``Conflict``, as for a pod bound already).
+        """
         body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None,
+                                         resource_version=resource_version,
+                                         annotations=dict(annotations) if annotations else None),
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
         # Raw reply: the client's model for Binding fails to deserialize some servers' answers.
         self._send(_Action(f"bind pod {namespace}/{name} to node {node}", "create", "bindings"),

@@ -471,13 +471,20 @@ class Store:
                           f'Unsupported value: "{target.get("kind")}": supported values: "Node", ""')
         pod = self.get(PODS, namespace, pod_name)
         pod_meta = pod["metadata"]
+        # The Binding's uid and resourceVersion are preconditions, checked before anything else, as the real
+        # server's storage update checks them (its message names the storage key).
+        for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+            if meta.get(field) and meta[field] != pod_meta[field]:
+                raise conflict("pods", "", pod_name,
+                               f"StorageError: invalid object, Code: 4, Key: /registry/pods/{namespace}/{pod_name}, "
+                               f"ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: {label} in "
+                               f"precondition: {meta[field]}, {label} in object meta: {pod_meta[field]}")
+        if pod_meta.get("deletionTimestamp"):
+            raise conflict("pods/binding", "", pod_name,
+                           f"pod {pod_name} is being deleted, cannot be assigned to a host")
         node = pod.get("spec", {}).get("nodeName")
         if node:
             raise conflict("pods/binding", "", pod_name, f'pod {pod_name} is already assigned to node "{node}"')
-        if meta.get("uid") and meta["uid"] != pod_meta["uid"]:
-            raise conflict("pods/binding", "", pod_name,
-                           f"Precondition failed: UID in precondition: {meta['uid']}, UID in object meta: "
-                           f"{pod_meta['uid']}")
         annotations = meta.get("annotations") or {}
         new_meta = {**pod_meta}
         if annotations:
