@@ -49,7 +49,9 @@ class Verbs:
             self.book.observe_once(args.pod.uid or args.pod.key, request)
         return filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
 
-    def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
+    def prioritize(self, args: ExtenderArgs, max_reads: int | None = None) -> list[dict[str, Any]] | None:
+        """The scores; with ``max_reads``, ``None`` when more nodes than that must be evaluated afresh (see
+        ``ClusterCache.evaluate_memoised``)."""
         names = args.names
         try:
             wanted = self.cache.resolve(self.requests.request(args.pod))
@@ -72,7 +74,9 @@ class Verbs:
 
         # A node's score changes only with its state, the pod's shape and what the policy has learned.
         key = (policy.name, shape_key(wanted), policy_version(policy))
-        raw = self.cache.evaluate_memoised(names, key, score)
+        raw = self.cache.evaluate_memoised(names, key, score, max_reads)
+        if raw is None:
+            return None
         fitting = raw
         if None in raw.values():
             # Only a name that scores None can be no node of the cache, and only those need their spelling checked.

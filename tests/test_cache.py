@@ -295,6 +295,26 @@ def test_memoised_answers_last_until_the_node_changes_and_are_shared_by_equal_no
     assert reads == ["n1", "n1", "n1"]  # only the changed node, and the new key, were read again
 
 
+def test_memoised_answers_with_a_bound_on_reads_read_nothing_past_it() -> None:
+    cache = ClusterCache()
+    for name, mib in (("a1", 16384), ("a2", 16384), ("b", 8192), ("c", 4096)):
+        cache.upsert_node(node_info(name, [mib]))
+    reads: list[str] = []
+
+    def free(node: Node) -> int:
+        reads.append(node.name)
+        return node.gpus[0].free
+
+    # Three states without an answer (a1 and a2 share one): past a bound of two, nothing is read.
+    assert cache.evaluate_memoised(["a1", "a2", "b", "c"], "k", free, max_reads=2) is None
+    assert reads == []
+    assert cache.evaluate_memoised(["a1", "b"], "k", free, max_reads=2) == {"a1": 16, "b": 8}
+    # Now only c's state lacks an answer; "gone" is no node and needs no read.
+    assert cache.evaluate_memoised(["a1", "a2", "b", "c", "gone"], "k", free, max_reads=1) == {
+        "a1": 16, "a2": 16, "b": 8, "c": 4, "gone": None}
+    assert reads == ["a1", "b", "c"]
+
+
 def test_memoised_answers_stay_right_for_more_keys_than_the_cache_keeps_tables() -> None:
     cache = ClusterCache()
     cache.upsert_node(node_info("n1", [16384]))

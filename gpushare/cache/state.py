@@ -296,7 +296,8 @@ class ClusterCache:
                 out[name] = None if node is None else read(node)
         return out
 
-    def evaluate_memoised(self, names: Iterable[str], key: Hashable, read: Callable[[Node], T]) -> dict[str, T | None]:
+    def evaluate_memoised(self, names: Iterable[str], key: Hashable, read: Callable[[Node], T],
+                          max_reads: int | None = None) -> dict[str, T | None] | None:
         """``evaluate``, remembering each answer under ``key`` for the node's state (``state_signature``): every
         node in that state shares it, and a node that changes gets its answer for its new state.
 
@@ -304,6 +305,8 @@ class ClusterCache:
         the request's shape and the version of what the policy learned). kube-scheduler sends the same nodes
         for pod after pod and few of them change in between, and large clusters hold many nodes in identical
         states (empty ones, full ones), so most answers are lookups: two C-level passes over the names.
+        With ``max_reads``, ``None`` instead when more nodes than that have no answer yet (nothing is read):
+        the caller can answer on its event loop when the work is lookups, and elsewhere when it is not.
         """
         names = list(names)
         table = self._answer_table(key)
@@ -312,9 +315,14 @@ class ClusterCache:
         lookup = cast(Callable[[int | None, object], Any], table.get)  # None, for no node, is never a key
         found: list[Any] = list(map(lookup, states, repeat(_UNKNOWN)))
         if any(map(is_, found, repeat(_UNKNOWN))):
-            for i, name in enumerate(names):
-                if found[i] is _UNKNOWN:
-                    found[i] = None if states[i] is None else self._answer(name, table, read)
+            missing = [i for i, answer in enumerate(found) if answer is _UNKNOWN and states[i] is not None]
+            if max_reads is not None and len({states[i] for i in missing}) > max_reads:  # one read per state
+                return None
+            for i, answer in enumerate(found):
+                if answer is _UNKNOWN and states[i] is None:
+                    found[i] = None
+            for i in missing:
+                found[i] = self._answer(names[i], table, read)
         return dict(zip(names, found, strict=True))
 
     def _answer(self, name: str, table: dict[int, Any], read: Callable[[Node], Any]) -> Any:

@@ -59,6 +59,10 @@ def policy_version(policy: Policy) -> int:
 
 # Prioritize ranks every candidate node for every pod; a cluster has at most tens of thousands of names.
 @functools.lru_cache(maxsize=1 << 16)
+# Prioritize breaks ties among hundreds of equal nodes per pod (empty nodes score alike), so the same names are
+# hashed pod after pod; the bound covers 15,000 nodes x 4 seeds, and a cluster whose nodes come and go only
+# recomputes the ones it forgot.
+@functools.lru_cache(maxsize=1 << 16)
 def node_priority(name: str, seed: int = 0) -> int:
     """A fixed pseudo-random priority per node and seed: how ties between equal scores are broken.
 
