@@ -57,19 +57,44 @@ def policy_version(policy: Policy) -> int:
     return version if isinstance(version, int) else 0
 
 
-# Prioritize ranks every candidate node for every pod; a cluster has at most tens of thousands of names.
-@functools.lru_cache(maxsize=1 << 16)
-# Prioritize breaks ties among hundreds of equal nodes per pod (empty nodes score alike), so the same names are
-# hashed pod after pod; the bound covers 15,000 nodes x 4 seeds, and a cluster whose nodes come and go only
-# recomputes the ones it forgot.
-@functools.lru_cache(maxsize=1 << 16)
 def node_priority(name: str, seed: int = 0) -> int:
     """A fixed pseudo-random priority per node and seed: how ties between equal scores are broken.
 
     The trace replay and the extender use the same function, so both make the same choices.
     """
+    return _tie_breaks(seed)[name]
+
+
+def _hashed_priority(name: str, seed: int) -> int:
     digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
+
+
+class _TieBreaks(dict[str, int]):
+    """``node_priority`` of one seed, computed once per name.
+
+    Prioritize breaks ties among hundreds of equal nodes per pod (empty nodes score alike), the same names pod
+    after pod: a hit is a C-level dict lookup. Bounded for clusters whose nodes come and go: past
+    ``MAX_TIE_BREAKS`` names it starts again.
+    """
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.seed = seed
+
+    def __missing__(self, name: str) -> int:
+        if len(self) >= MAX_TIE_BREAKS:
+            self.clear()
+        priority = self[name] = _hashed_priority(name, self.seed)
+        return priority
+
+
+MAX_TIE_BREAKS = 1 << 16
+
+
+@functools.cache
+def _tie_breaks(seed: int) -> _TieBreaks:
+    return _TieBreaks(seed)
 
 
 def choose_node(nodes: Iterable[Node], request: PodRequest, policy: Policy,
@@ -99,7 +124,7 @@ def extender_scores(scores: dict[str, float], seed: int = 0) -> dict[str, int]:
     # Prioritize asks this for hundreds of nodes per pod, in few distinct scores: C-level passes over the names,
     # Python work only per distinct score.
     tied = compress(scores, map(eq, scores.values(), repeat(high)))
-    best = max(tied, key=functools.partial(node_priority, seed=seed))
+    best = max(tied, key=_tie_breaks(seed).__getitem__)
     span = high - low
     levels = {s: MAX_EXTENDER_SCORE - 1 if span <= 0 else min(int((s - low) / span * (MAX_EXTENDER_SCORE - 1)),
                                                                MAX_EXTENDER_SCORE - 1)
