@@ -178,8 +178,7 @@ def test_copies_count_gpus_and_cpu_and_the_chance_of_demand_beyond_is_poisson() 
     assert copies(node, Shape(8, 1000, 120000), taken={3: 100}) == 0
     assert copies(node, Shape(1, 400, 10000)) == 12  # 16 shares of 400 on 8 GPUs, but 128 cores for 12
     assert copies(node, Shape(1, 400, 0, models=T4_ONLY)) == 0
-    assert demand_beyond(2.0, 0) == 1.0
-    assert demand_beyond(2.0, 1) == pytest.approx(1 - math.exp(-2))
-    assert demand_beyond(2.0, 3) == pytest.approx(1 - math.exp(-2) * (1 + 2 + 2))
-    assert demand_beyond(0.0, 1) == 0.0
-    assert demand_beyond(900.0, 10) == pytest.approx(1.0), "a large mean must not underflow"
+    assert demand_beyond(2.0, 3, depth=5) == pytest.approx(
+        (1 - math.exp(-2) * (1 + 2 + 2), 1 - math.exp(-2) * (1 + 2), 1 - math.exp(-2), 1.0, 1.0))
+    assert demand_beyond(0.0, 1, depth=2) == (0.0, 1.0)
+    assert demand_beyond(900.0, 10) == pytest.approx((1.0,)), "a large mean must not underflow"

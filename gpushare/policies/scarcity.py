@@ -15,10 +15,25 @@ stranded unit of constrained demand is as unallocated as a fragmented one. A pod
 the same everywhere it can go, so its choice is unchanged; a pod accepting several models goes to the one
 least pressed. Without constrained demand the pressure is zero and the policy is ``fgd-lookahead``.
 
-Both facts are learned or known at the time: the demand from the pods seen (the whole decayed histogram, since
-constrained shapes are many and small; the lookahead's target is the whole histogram too, see ``__init__``),
-the capacity per model from the cluster's nodes (``observe_inventory``, fed by the caller: the extender's
-node cache, the replay's node list).
+The charge applies only while g has no more free than the constrained demand still to come: pressure(g) x
+g's capacity x the cluster's free share (if the rest of the cluster fills at the same pace). While g has more,
+a flexible pod on it strands nothing, and charging it anyway pushes CPU-heavy pods onto G2 nodes whose GPUs
+they strand (gpuspec10 lost 0.3 points to the static charge).
+
+The same reasoning keeps the nodes that a shape confined by node size needs: a shape that fewer than half the
+nodes whose GPUs could hold it have the CPU for (openb's 8-GPU, 120-core pods: the 39 128-core G3 nodes of 617
+with eight GPUs). Its expected demand still to come is its probability times the pods the free GPU memory can
+still take; with D ~ Poisson(that) and K copies the cluster can still host, a placement that takes the node's
+capacity for a copy pays the copy's GPU memory x P(D >= K) (then P(D >= K - 1) for a second copy, ...): the
+chance that the copy lost was needed. Pricing every copy taken instead, whatever was left, lost as much on
+1-GPU pods as it saved on 8-GPU ones.
+
+The demand is learned from the pods seen (the whole decayed histogram, since constrained shapes are many and
+small; the lookahead's target is the whole histogram too, see ``__init__``); the capacity per model comes from
+``observe_inventory`` and the free capacity from ``observe_nodes``, both fed by the caller (the extender's
+node cache and its log of changed nodes, the replay's node list and each node it places a pod on). Charges
+are recomputed when a node is observed and change ``version`` only when one moves (probabilities in steps of
+1/``RESERVE_LEVELS``).
 """
 
 from __future__ import annotations
@@ -63,7 +78,7 @@ WHOLE_WORKLOAD = 1.0
 CONFINED_SHARE = 0.5
 # The reserve's probabilities are kept in steps of 1/RESERVE_LEVELS, so that scores (and ``version``) change
 # only when one moves by a step, not with every pod placed.
-RESERVE_LEVELS = 16
+RESERVE_LEVELS = 8
 # Copies of a confined shape one placement can take from a node, at most, that the reserve prices.
 RESERVE_DEPTH = 8
 
@@ -89,14 +104,15 @@ def copies(node: Node, shape: Shape, cpu_taken: int = 0, taken: Mapping[int, int
     return max(count, 0)
 
 
-def demand_beyond(mean: float, hosts: int) -> float:
-    """P(D >= hosts) for D ~ Poisson(mean): the chance that the last of ``hosts`` places is needed."""
-    if hosts <= 0:
-        return 1.0
-    if mean <= 0:
-        return 0.0
-    below = sum(math.exp(k * math.log(mean) - mean - math.lgamma(k + 1)) for k in range(hosts))
-    return max(0.0, 1.0 - below)
+def demand_beyond(mean: float, hosts: int, depth: int = 1) -> tuple[float, ...]:
+    """P(D >= hosts - i) for i < ``depth`` and D ~ Poisson(mean): the chance that the last of ``hosts``
+    places is needed, then the one before it, and so on."""
+    below = [0.0]  # below[k] = P(D < k)
+    if mean > 0:
+        for k in range(max(hosts, 0)):
+            below.append(below[-1] + math.exp(k * math.log(mean) - mean - math.lgamma(k + 1)))
+    return tuple(1.0 if hosts - i <= 0 else 0.0 if mean <= 0 else max(0.0, 1.0 - below[hosts - i])
+                 for i in range(depth))
 
 
 # What decides whether a node may host a shape at all: its CPU and its healthy GPUs' models and sizes.
@@ -241,8 +257,8 @@ class ScarcityLookahead(FragmentationLookahead):
         for reserve, hosted in zip(self._reserves, self._hosted, strict=True):
             expected = reserve.probability * free / self._mean_units if self._mean_units > 0 else 0.0
             left = sum(hosted.values())
-            prices.append(tuple(round(demand_beyond(expected, left - i) * RESERVE_LEVELS) / RESERVE_LEVELS
-                                for i in range(RESERVE_DEPTH)))
+            prices.append(tuple(round(p * RESERVE_LEVELS) / RESERVE_LEVELS
+                                for p in demand_beyond(expected, left, RESERVE_DEPTH)))
         return charge, tuple(prices)
 
     def displacement(self, node: Node, request: PodRequest, taken: dict[int, int]) -> int:
