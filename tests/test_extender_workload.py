@@ -162,10 +162,10 @@ def test_bind_reserves_cpu_before_the_binding(cluster: LocalCluster, core: Any) 
     assert read_pod(core, "plain")["spec"]["nodeName"] == "roomy"
 
 
-# Two 128-core nodes are the only ones with the cores for an 8-GPU, 120-core pod; six 96-core nodes are not.
+# Two 128-core nodes are the only ones with the cores for an 8-GPU, 120-core pod; fourteen 96-core nodes are not.
 GPU_16G = ("G", 16384)
 SIZES = spec(*(gpu_node(f"large-{i}", *[GPU_16G] * 8, cpu="128") for i in range(2)),
-             *(gpu_node(f"small-{i}", *[GPU_16G] * 8, cpu="96") for i in range(6)))
+             *(gpu_node(f"small-{i}", *[GPU_16G] * 8, cpu="96") for i in range(14)))
 # One pod in 200 is such a pod; the rest take one whole GPU and 12 cores (the extender's unit is GiB).
 SIZED_TASKS = [PodRequest(per_gpu=16, gpu_count=8, cpu_milli=120000)] + [
     PodRequest(per_gpu=16, cpu_milli=12000)] * 199
