@@ -39,6 +39,7 @@ are recomputed when a node is observed and change ``version`` only when one move
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -139,6 +140,10 @@ class _Reserve:
     hosts: frozenset[str]
 
 
+# Per model the charge per unit taken; per reserve that may be needed, its price per copy lost (next, then after).
+_Prices = tuple[dict[str, float], tuple[tuple[_Reserve, tuple[float, ...]], ...]]
+
+
 class ScarcityLookahead(FragmentationLookahead):
     """``fgd-lookahead`` plus the cost of taking capacity that some expected demand has no alternative to:
     GPUs of a model that constrained demand needs, while that model has no more free than the demand still to
@@ -165,9 +170,11 @@ class ScarcityLookahead(FragmentationLookahead):
         self._hosted: list[dict[str, int]] = []  # per reserve: host node -> copies it could still take
         self._mean_units = 0.0
         self._dirty = True
-        # What placements pay, derived from the above: per model, and per reserve the price of each copy lost.
-        self._charge: dict[str, float] = {}
-        self._reserve_price: tuple[tuple[float, ...], ...] = ()
+        # What placements pay, derived from the above: per model, and per reserve the price of each copy lost;
+        # one attribute, replaced whole, so that an evaluation never reads one half old and the other new.
+        self._prices: _Prices = ({}, ())
+        # The extender observes from one thread while bind may evaluate in another.
+        self._lock = threading.Lock()
 
     def observe_inventory(self, capacity: Mapping[str, int]) -> None:
         """The cluster's GPU capacity per model, in memory units (healthy GPUs)."""
@@ -176,6 +183,10 @@ class ScarcityLookahead(FragmentationLookahead):
             self._inventory_version += 1
 
     def observe_nodes(self, nodes: Iterable[Node], gone: Iterable[str] = ()) -> None:
+        with self._lock:
+            self._observe(nodes, gone)
+
+    def _observe(self, nodes: Iterable[Node], gone: Iterable[str]) -> None:
         for name in gone:
             if self._nodes.pop(name, None) is not None:
                 self._sizes.pop(name, None)
@@ -213,6 +224,10 @@ class ScarcityLookahead(FragmentationLookahead):
         return self._version
 
     def _refresh(self) -> None:
+        with self._lock:
+            self._reprice()
+
+    def _reprice(self) -> None:
         basis = (self.workload.version, self._inventory_version, self._sizes_version)
         learned = basis != self._basis
         if learned:
@@ -225,9 +240,9 @@ class ScarcityLookahead(FragmentationLookahead):
         elif not self._dirty:
             return
         self._dirty = False
-        charge, price = self._charges()
-        if learned or charge != self._charge or price != self._reserve_price:
-            self._charge, self._reserve_price = charge, price
+        prices = self._charges()
+        if learned or prices != self._prices:
+            self._prices = prices
             self._version += 1
 
     def _confined(self, histogram: Mapping[Shape, float]) -> tuple[_Reserve, ...]:
@@ -244,7 +259,7 @@ class ScarcityLookahead(FragmentationLookahead):
                 reserves.append(_Reserve(shape, probability, shape.gpu_count * shape.per_gpu, hosts))
         return tuple(reserves)
 
-    def _charges(self) -> tuple[dict[str, float], tuple[tuple[float, ...], ...]]:
+    def _charges(self) -> _Prices:
         """Per model, the pressure while its free memory is no more than the constrained demand still to come
         (its pressure times its capacity times the cluster's free share: if the rest fills at the same pace);
         per reserve, the chance that each of the next copies lost was needed, the demand still to come being
@@ -257,19 +272,23 @@ class ScarcityLookahead(FragmentationLookahead):
         for reserve, hosted in zip(self._reserves, self._hosted, strict=True):
             expected = reserve.probability * free / self._mean_units if self._mean_units > 0 else 0.0
             left = sum(hosted.values())
-            prices.append(tuple(round(p * RESERVE_LEVELS) / RESERVE_LEVELS
-                                for p in demand_beyond(expected, left, RESERVE_DEPTH)))
+            chances = demand_beyond(expected, left, RESERVE_DEPTH)
+            price = tuple(round(p * RESERVE_LEVELS) / RESERVE_LEVELS for p in chances)
+            # Priced while the next copy lost may be needed (the copies after it are likelier still).
+            if price[0]:
+                prices.append((reserve, price))
         return charge, tuple(prices)
 
     def displacement(self, node: Node, request: PodRequest, taken: dict[int, int]) -> int:
         self._refresh()
+        charge, reserves = self._prices
         cost = 0.0
         for gpu in node.gpus:
             units = taken.get(gpu.index)
             if units:
-                cost += units * self._charge.get(gpu.model, 0.0)
-        for reserve, price in zip(self._reserves, self._reserve_price, strict=True):
-            if not price[0] or node.name not in reserve.hosts:
+                cost += units * charge.get(gpu.model, 0.0)
+        for reserve, price in reserves:
+            if node.name not in reserve.hosts:
                 continue
             lost = copies(node, reserve.shape) - copies(node, reserve.shape, request.cpu_milli, taken)
             cost += reserve.units * sum(price[:lost])
