@@ -41,7 +41,7 @@ from bench.baselines import PaperBestFit
 from bench.engine import GroupedCluster
 from gpushare.model import Node, gpu_capacity
 from gpushare.policies import DEFAULT_POLICY, Policy, make_policy, policy_names
-from gpushare.policies.base import InventoryAware
+from gpushare.policies.base import ClusterAware, InventoryAware
 from gpushare.policies.fgd import FragmentationGradient
 from gpushare.policies.workload import WorkloadDistribution, count_shapes
 
@@ -108,6 +108,10 @@ def replay(nodes: list[Node], pods: Sequence[openb.TracePod], policy: Policy, se
 
 def decide(cluster: GroupedCluster, pods: Sequence[openb.TracePod]) -> Iterator[Decision]:
     policy, nodes = cluster.policy, cluster.nodes
+    # A policy that weighs what the cluster has left sees every node once, then each node a pod changed.
+    watcher = policy if isinstance(policy, ClusterAware) else None
+    if watcher is not None:
+        watcher.observe_nodes(nodes)
     for pod in pods:
         request = pod.request()
         policy.observe(request)
@@ -117,6 +121,8 @@ def decide(cluster: GroupedCluster, pods: Sequence[openb.TracePod]) -> Iterator[
             continue
         index, candidate = choice
         cluster.place(index, pod.name, request, candidate.gpus)
+        if watcher is not None:
+            watcher.observe_nodes((nodes[index],))
         yield Decision(pod.name, nodes[index].name, candidate.gpus)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from itertools import repeat
 from typing import Any, cast
 
@@ -13,7 +14,7 @@ from gpushare.cache.fitindex import shape_key
 from gpushare.cache.state import ClusterCache
 from gpushare.model import Node
 from gpushare.policies import extender_scores
-from gpushare.policies.base import MAX_EXTENDER_SCORE, InventoryAware, policy_version
+from gpushare.policies.base import MAX_EXTENDER_SCORE, ClusterAware, InventoryAware, policy_version
 
 
 class Verbs:
@@ -24,6 +25,9 @@ class Verbs:
         self.requests = requests
         self.gangs = gangs
         self.tie_seed = tie_seed
+        # Per policy that follows the cluster's free capacity, how far it has read the cache's log of changes.
+        self._read_to: dict[str, int] = {}
+        self._follow_lock = threading.Lock()
 
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:
         names = args.names
@@ -49,6 +53,17 @@ class Verbs:
             self.book.observe_once(args.pod.uid or args.pod.key, request)
         return filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
 
+    def _follow(self, name: str, policy: ClusterAware) -> None:
+        """Show a policy that weighs what the cluster has left the nodes changed since it last looked."""
+        with self._follow_lock:
+            position, names = self.cache.changes(self._read_to.get(name, 0))
+            if names is None:
+                names = self.cache.node_names()
+            nodes = self.cache.snapshot(names)
+            known = {n.name for n in nodes}
+            policy.observe_nodes(nodes, [n for n in names if n not in known])
+            self._read_to[name] = position
+
     def prioritize(self, args: ExtenderArgs, max_reads: int | None = None) -> list[dict[str, Any]] | None:
         """The scores; with ``max_reads``, ``None`` when more nodes than that must be evaluated afresh (see
         ``ClusterCache.evaluate_memoised``)."""
@@ -66,6 +81,8 @@ class Verbs:
 
         if isinstance(policy, InventoryAware):
             policy.observe_inventory(self.cache.gpu_capacity())
+        if isinstance(policy, ClusterAware):
+            self._follow(policy.name, policy)
 
         def score(node: Node) -> float | None:
             candidate = self.book.evaluate(policy, node, wanted)

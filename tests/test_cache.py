@@ -331,3 +331,25 @@ def test_memoised_answers_stay_right_for_more_keys_than_the_cache_keeps_tables()
     # tables are gone.
     for key in reversed(range(2 * MAX_ANSWER_TABLES)):
         assert cache.evaluate_memoised(["n2", "n1"], key, free) == {"n2": 8, "n1": 12}
+
+
+def test_the_log_of_changes_names_each_changed_node_once_and_says_when_a_reader_fell_behind(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = ClusterCache()
+    cache.upsert_node(node_info("a", [16384, 16384]))
+    cache.upsert_node(node_info("b", [16384]))
+    position, names = cache.changes(0)
+    assert names == ["a", "b"]
+    assert cache.changes(position) == (position, [])
+    cache.upsert_pod(gpu_pod("one", 4, node="a", gpus=(0,), phase="Running"))
+    cache.upsert_pod(gpu_pod("two", 4, node="a", gpus=(1,), phase="Running"))
+    cache.delete_node("b")
+    position, names = cache.changes(position)
+    assert names == ["a", "b"], "a node changed twice is named once; a node gone is named too"
+    # A log kept to four entries drops its older half when it grows past them.
+    monkeypatch.setattr("gpushare.cache.state.MAX_CHANGES", 4)
+    for i in range(5):
+        cache.upsert_pod(gpu_pod(f"more-{i}", 1, node="a", gpus=(0,), phase="Running"))
+    assert cache.changes(position)[1] is None, "the entries after the reader's position are gone"
+    latest, names = cache.changes(cache.changes(0)[0] - 1)
+    assert names == ["a"] and cache.changes(latest) == (latest, [])

@@ -28,6 +28,7 @@ from gpushare.contract import ANN_IDX, ModelRule, PodRequest
 from gpushare.kube.api import DEFAULT_TIMEOUT_S, Pods
 from gpushare.localcluster import LocalCluster
 from gpushare.localcluster.scheduler import SchedulerLoop
+from gpushare.policies import node_priority
 from gpushare.policies.workload import Shape, WorkloadDistribution, count_shapes, dump_workload, load_workload
 
 REQUESTS = [PodRequest(per_gpu=460, cpu_milli=6000)] * 7 + [PodRequest(per_gpu=1000, cpu_milli=8000)] * 5 + [
@@ -161,3 +162,29 @@ def test_bind_reserves_cpu_before_the_binding(cluster: LocalCluster, core: Any) 
         assert answer.json() == {"Error": ""}
     assert pods.seen == [1.0]
     assert read_pod(core, "plain")["spec"]["nodeName"] == "roomy"
+
+
+# Two 128-core nodes are the only ones with the cores for an 8-GPU, 120-core pod; fourteen 96-core nodes are not.
+GPU_16G = ("G", 16384)
+SIZES = spec(*(gpu_node(f"large-{i}", *[GPU_16G] * 8, cpu="128") for i in range(2)),
+             *(gpu_node(f"small-{i}", *[GPU_16G] * 8, cpu="96") for i in range(14)))
+# One pod in 200 is such a pod; the rest take one whole GPU and 12 cores (the extender's unit is GiB).
+SIZED_TASKS = [PodRequest(per_gpu=16, gpu_count=8, cpu_milli=120000)] + [
+    PodRequest(per_gpu=16, cpu_milli=12000)] * 199
+
+
+def test_the_extender_keeps_the_only_nodes_a_large_pod_fits_for_it(tmp_path: Path) -> None:
+    names = [n.name for n in SIZES.nodes]
+    # Without the reserve every node ties for this pod, and with this tie seed the tie goes to a large node.
+    seed = next(s for s in range(100) if max(names, key=lambda n: node_priority(n, s)).startswith("large"))
+    with LocalCluster(SIZES) as local:
+        core = emptied_core(local)
+        pod = create_pod(core, pod_body("cpu-heavy", gpu_mem=16, cpu="12"))
+        with running_extender(local, ExtenderConfig(workload_seed=seed_file(tmp_path, SIZED_TASKS),
+                                                         tie_seed=seed)) as url:
+            args = {"Pod": pod, "Nodes": None, "NodeNames": names}
+            assert httpx.post(url + "/gpushare-scheduler/filter", json=args).json()["NodeNames"] == names
+            scores = {h["Host"]: h["Score"] for h in httpx.post(url + "/gpushare-scheduler/prioritize",
+                                                                 json=args).json()}
+    assert next(n for n, s in scores.items() if s == 10).startswith("small")
+    assert all(scores[f"large-{i}"] < scores["small-0"] for i in range(2))

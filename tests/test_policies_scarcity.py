@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from gpushare.contract import ModelRule, PodRequest
 from gpushare.model import GPU, Node, gpu_capacity
-from gpushare.policies import choose_node, make_policy
-from gpushare.policies.base import InventoryAware
+from gpushare.policies import choose_node, make_policy, node_priority
+from gpushare.policies.base import ClusterAware, InventoryAware
 from gpushare.policies.lookahead import FragmentationLookahead
-from gpushare.policies.scarcity import ScarcityLookahead, model_pressure
+from gpushare.policies.scarcity import ScarcityLookahead, copies, demand_beyond, model_pressure
 from gpushare.policies.workload import Shape, WorkloadDistribution
 
 T4_ONLY = ModelRule(("t4",))
@@ -77,3 +79,108 @@ def test_the_capacity_counts_healthy_gpus_per_model() -> None:
     nodes = [Node("a", [GPU(0, "T4", 1000), GPU(1, "T4", 1000, healthy=False)]),
              Node("b", [GPU(0, "G2", 16), GPU(1, "G2", 16)])]
     assert gpu_capacity(nodes) == {"T4": 1000, "G2": 32}
+
+
+def test_a_model_is_charged_only_while_its_free_share_is_below_the_demand_still_to_come() -> None:
+    # T4-only pods are 15% of the GPU demand and T4 a fifth of the capacity: pressure 0.75 on T4.
+    workload = WorkloadDistribution()
+    workload.seed({Shape(1, 1000, 4000): 0.85, Shape(1, 1000, 4000, models=T4_ONLY): 0.15}, observations=100)
+    t4 = Node("t4", [GPU(0, "T4", 1000), GPU(1, "T4", 1000)], cpu_milli=64000)
+    nodes = [t4, *(Node(f"g2-{i}", [GPU(0, "G2", 1000), GPU(1, "G2", 1000)], cpu_milli=64000) for i in range(4))]
+    policy, lookahead = ScarcityLookahead(workload), FragmentationLookahead(workload)
+    policy.observe_inventory(gpu_capacity(nodes))
+    assert isinstance(policy, ClusterAware)
+    policy.observe_nodes(nodes)
+    flexible = PodRequest(per_gpu=1000, gpu_count=1, cpu_milli=4000)
+    # Every T4 GPU is free: more than the 75% of them that T4-only pods still to come may claim.
+    assert policy.evaluate(t4, flexible) == lookahead.evaluate(t4, flexible)
+    before = policy.version
+    t4.place("first", flexible, [0])
+    policy.observe_nodes([t4])
+    # Half the T4 memory is free against 0.75 x 90% of the cluster free: each T4 unit taken now strands some.
+    assert policy.version != before
+    charged, plain = policy.evaluate(t4, flexible), lookahead.evaluate(t4, flexible)
+    assert charged is not None and plain is not None and charged.score < plain.score
+    assert choose_node(nodes, flexible, policy) is not None
+    assert all(choose_node(nodes, flexible, policy, seed)[0].name != "t4"  # type: ignore[index]
+               for seed in range(10))
+
+
+def big_node(name: str) -> Node:
+    return Node(name, [GPU(i, "G3", 1000) for i in range(8)], cpu_milli=128000)
+
+
+def small_node(name: str) -> Node:
+    return Node(name, [GPU(i, "G2", 1000) for i in range(8)], cpu_milli=96000)
+
+
+def reserve_cluster() -> list[Node]:
+    return [big_node("big-0"), big_node("big-1"), *(small_node(f"small-{i}") for i in range(14))]
+
+
+def test_the_last_nodes_a_large_shape_fits_are_kept_for_it_while_it_is_expected() -> None:
+    # One pod in 200 asks for eight GPUs and 120 cores: only the two 128-core nodes can hold it. Too rare for the
+    # lookahead's measure to see, yet 128 free GPUs may still bring two of them (Poisson mean 0.62, P(>= 2) 13%).
+    large, cpu_heavy = Shape(8, 1000, 120000), Shape(1, 1000, 12000)
+    expecting = WorkloadDistribution(coverage=1.0)
+    expecting.seed({large: 1.0, cpu_heavy: 199.0}, observations=100)
+    pod = PodRequest(per_gpu=1000, gpu_count=1, cpu_milli=12000)
+    nodes = reserve_cluster()
+    policy = ScarcityLookahead(expecting)
+    policy.observe_inventory(gpu_capacity(nodes))
+    policy.observe_nodes(nodes)
+    # Tie seeds under which a large node comes first in node priority.
+    seeds = [s for s in range(100) if max(nodes, key=lambda n: node_priority(n.name, s)).name.startswith("big")]
+    assert seeds
+    lookahead = FragmentationLookahead(expecting)
+    for seed in seeds[:5]:
+        kept, plain = choose_node(nodes, pod, policy, seed), choose_node(nodes, pod, lookahead, seed)
+        assert kept is not None and kept[0].name.startswith("small")
+        # The lookahead alone ties every node, and the tie goes to the large one.
+        assert plain is not None and plain[0].name.startswith("big")
+    # Once the large pods are no longer expected to need both nodes, the reserve lets go.
+    rare = WorkloadDistribution(coverage=1.0)
+    rare.seed({large: 1.0, cpu_heavy: 4000.0}, observations=100)
+    policy = ScarcityLookahead(rare)
+    policy.observe_inventory(gpu_capacity(nodes))
+    policy.observe_nodes(nodes)
+    big = nodes[0]
+    assert policy.evaluate(big, pod) == FragmentationLookahead(rare).evaluate(big, pod)
+
+
+def test_the_reserve_follows_the_nodes_observed_and_forgets_those_gone() -> None:
+    large = Shape(8, 1000, 120000)
+    workload = WorkloadDistribution(coverage=1.0)
+    workload.seed({large: 1.0, Shape(1, 1000, 12000): 199.0}, observations=100)
+    nodes = reserve_cluster()
+    policy = ScarcityLookahead(workload)
+    policy.observe_inventory(gpu_capacity(nodes))
+    policy.observe_nodes(nodes)
+    pod = PodRequest(per_gpu=1000, gpu_count=1, cpu_milli=12000)
+    big = nodes[0]
+    kept = policy.evaluate(big, pod)
+    version = policy.version
+    policy.observe_nodes(nodes[2:3])
+    assert policy.version == version, "a node observed again unchanged keeps every score"
+    # The other large node is taken: this one is the last, and the chance that it is needed rises.
+    other = nodes[1]
+    other.place("cpu-only", PodRequest(per_gpu=0, gpu_count=0, cpu_milli=64000), [])
+    policy.observe_nodes([other])
+    last = policy.evaluate(big, pod)
+    assert kept is not None and last is not None and last.score < kept.score
+    policy.observe_nodes([], gone=["big-1", "big-0"])
+    assert policy.evaluate(big, pod) == FragmentationLookahead(workload).evaluate(big, pod), \
+        "no large node left in the cluster: nothing to keep"
+
+
+def test_copies_count_gpus_and_cpu_and_the_chance_of_demand_beyond_is_poisson() -> None:
+    node = big_node("big")
+    assert copies(node, Shape(8, 1000, 120000)) == 1
+    assert copies(node, Shape(8, 1000, 120000), cpu_taken=9000) == 0
+    assert copies(node, Shape(8, 1000, 120000), taken={3: 100}) == 0
+    assert copies(node, Shape(1, 400, 10000)) == 12  # 16 shares of 400 on 8 GPUs, but 128 cores for 12
+    assert copies(node, Shape(1, 400, 0, models=T4_ONLY)) == 0
+    assert demand_beyond(2.0, 3, depth=5) == pytest.approx(
+        (1 - math.exp(-2) * (1 + 2 + 2), 1 - math.exp(-2) * (1 + 2), 1 - math.exp(-2), 1.0, 1.0))
+    assert demand_beyond(0.0, 1, depth=2) == (0.0, 1.0)
+    assert demand_beyond(900.0, 10) == pytest.approx((1.0,)), "a large mean must not underflow"

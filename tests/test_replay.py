@@ -14,6 +14,7 @@ from bench.baselines import PaperBestFit
 from gpushare.contract import MemoryUnit, NodeInfo, PodRequest, parse_request
 from gpushare.model import GPU, Node, build_gpus
 from gpushare.policies import choose_node, policy_names
+from gpushare.policies.base import ClusterAware
 from gpushare.policies.simple import Binpack
 from gpushare.policies.workload import load_workload
 
@@ -84,6 +85,9 @@ def test_the_fast_replay_decides_exactly_like_choose_node(trace: Path, name: str
     fast = [(d.pod, d.node, d.gpus) for d in replay.replay(fast_nodes, order, fast_policy, seed)]
     nodes = openb.build_nodes(openb.load_nodes(trace))
     policy = replay.build_policy(name, pods, nodes)
+    watcher = policy if isinstance(policy, ClusterAware) else None
+    if watcher is not None:
+        watcher.observe_nodes(nodes)
     slow: list[tuple[str, str | None, tuple[int, ...]]] = []
     for pod in order:
         request = pod.request()
@@ -95,6 +99,8 @@ def test_the_fast_replay_decides_exactly_like_choose_node(trace: Path, name: str
             slow.append((pod.name, None, ()))
             continue
         chosen[0].place(pod.name, request, chosen[1].gpus)
+        if watcher is not None:
+            watcher.observe_nodes((chosen[0],))
         slow.append((pod.name, chosen[0].name, chosen[1].gpus))
     assert fast == slow
     assert any(node is None for _, node, _ in fast), "the trace must overflow the cluster"

@@ -51,6 +51,8 @@ MAX_STATE_ANSWERS = 16_384
 # Distinct node states numbered (state_signature -> id); forgotten whole when full. Ids are never reused, so a
 # state numbered again only costs its answers once more.
 MAX_STATE_IDS = 50_000
+# The log of changed node names kept for ``changes``; a reader that falls further behind rereads every node.
+MAX_CHANGES = 100_000
 
 T = TypeVar("T")
 _UNKNOWN = object()
@@ -115,6 +117,10 @@ class ClusterCache:
         # Affinity value -> the nodes where some GPU holds a pod with it (reservations included), under the index
         # lock: the cluster-wide view that sends the rest of an affinity group to its GPUs.
         self._affinity: dict[str, set[str]] = {}
+        # The names of changed nodes in order, under the index lock, for readers that follow the cluster's free
+        # capacity (``changes``); ``_changes_start`` is the position of its first entry.
+        self._changes: list[str] = []
+        self._changes_start = 0
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -133,6 +139,16 @@ class ClusterCache:
             states = [e.state for e in list(self._entries.values()) if e.info is not None]
             capacity = self._capacity = gpu_capacity(states)
         return capacity
+
+    def changes(self, position: int) -> tuple[int, list[str] | None]:
+        """The names of the nodes that changed (or left) since ``position``, a number this returned before (0 at
+        first), and the position to ask from next time; ``None`` instead of names when the log no longer
+        reaches back that far (the reader should then read every node)."""
+        with self._index_lock:
+            end = self._changes_start + len(self._changes)
+            if position < self._changes_start:
+                return end, None
+            return end, list(dict.fromkeys(self._changes[position - self._changes_start:]))
 
     @contextmanager
     def locked(self, name: str) -> Iterator[Node | None]:
@@ -639,6 +655,11 @@ class ClusterCache:
             self._summaries[name] = summary
         affinity = frozenset(v for g in entry.state.gpus for v in g.affinity)
         with self._index_lock:
+            self._changes.append(name)
+            if len(self._changes) > MAX_CHANGES:
+                dropped = len(self._changes) // 2
+                del self._changes[:dropped]
+                self._changes_start += dropped
             for fit_set in self._fit_sets.values():
                 fit_set.update(name, summary)
             if affinity != entry.affinity:

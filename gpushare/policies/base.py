@@ -51,6 +51,16 @@ class InventoryAware(Protocol):
         ...
 
 
+@runtime_checkable
+class ClusterAware(Protocol):
+    """A policy that weighs a placement by what the rest of the cluster still has free."""
+
+    def observe_nodes(self, nodes: Iterable[Node], gone: Iterable[str] = ()) -> None:
+        """The nodes whose state may have changed since the last call (every node on the first), and the names
+        of nodes that left the cluster."""
+        ...
+
+
 def policy_version(policy: Policy) -> int:
     """Policies that learn expose ``version``; it changes whenever their answers may change (0 for the rest)."""
     version = getattr(policy, "version", 0)

@@ -203,7 +203,7 @@ class FragmentationGradient:
         best: tuple[tuple[float, ...], tuple[int, ...]] | None = None
         for gpus, taken, pools in view.options:
             growth = self._fragmentation(self._key(node, cpu_free - request.cpu_milli, pools)) - before
-            growth += self.displacement(node, taken)
+            growth += self.displacement(node, request, taken)
             rank = self.rank(growth, gpu_size)
             if best is None or rank > best[0]:
                 best = (rank, gpus)
@@ -253,9 +253,9 @@ class FragmentationGradient:
         if {g.index for g in tightest} != {g.index for g in by_index}:
             yield tightest
 
-    def displacement(self, node: Node, taken: dict[int, int]) -> int:
-        """A cost added to the growth of F for taking ``taken`` (GPU index -> units) on ``node``, in the same
-        unit (memory units times ``PRECISION``). FGD itself counts fragmentation only."""
+    def displacement(self, node: Node, request: PodRequest, taken: dict[int, int]) -> int:
+        """A cost added to the growth of F for placing ``request`` on ``node`` with ``taken`` (GPU index ->
+        units), in the same unit (memory units times ``PRECISION``). FGD itself counts fragmentation only."""
         return 0
 
     def rank(self, growth: int, gpu_size: int) -> tuple[float, ...]:

@@ -15,16 +15,35 @@ stranded unit of constrained demand is as unallocated as a fragmented one. A pod
 the same everywhere it can go, so its choice is unchanged; a pod accepting several models goes to the one
 least pressed. Without constrained demand the pressure is zero and the policy is ``fgd-lookahead``.
 
-Both facts are learned or known at the time: the demand from the pods seen (the whole decayed histogram, since
-constrained shapes are many and small; the lookahead's target is the whole histogram too, see ``__init__``),
-the capacity per model from the cluster's nodes (``observe_inventory``, fed by the caller: the extender's
-node cache, the replay's node list).
+The charge applies only while g has no more free than the constrained demand still to come: pressure(g) x
+g's capacity x the cluster's free share (if the rest of the cluster fills at the same pace). While g has more,
+a flexible pod on it strands nothing, and charging it anyway pushes CPU-heavy pods onto G2 nodes whose GPUs
+they strand (gpuspec10 lost 0.3 points to the static charge).
+
+The same reasoning keeps the nodes that a shape confined by node size needs: a shape that fewer than half the
+nodes whose GPUs could hold it have the CPU for (openb's 8-GPU, 120-core pods: the 39 128-core G3 nodes of 617
+with eight GPUs). Its expected demand still to come is its probability times the pods the free GPU memory can
+still take; with D ~ Poisson(that) and K copies the cluster can still host, a placement that takes the node's
+capacity for a copy pays the copy's GPU memory x P(D >= K) (then P(D >= K - 1) for a second copy, ...): the
+chance that the copy lost was needed. Pricing every copy taken instead, whatever was left, lost as much on
+1-GPU pods as it saved on 8-GPU ones.
+
+The demand is learned from the pods seen (the whole decayed histogram, since constrained shapes are many and
+small; the lookahead's target is the whole histogram too, see ``__init__``); the capacity per model comes from
+``observe_inventory`` and the free capacity from ``observe_nodes``, both fed by the caller (the extender's
+node cache and its log of changed nodes, the replay's node list and each node it places a pod on). Charges
+are recomputed when a node is observed and change ``version`` only when one moves (probabilities in steps of
+1/``RESERVE_LEVELS``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
+from gpushare.contract import PodRequest
 from gpushare.model import Node
 from gpushare.policies.fgd import PRECISION
 from gpushare.policies.lookahead import FragmentationLookahead
@@ -55,10 +74,80 @@ def model_pressure(histogram: Mapping[Shape, float], capacity: Mapping[str, int]
 
 
 WHOLE_WORKLOAD = 1.0
+# A shape is confined by node size when fewer than this share of the nodes whose GPUs could hold it have the
+# CPU for it as well (the openb trace's 8-GPU, 120-core pods: 39 of 617 nodes).
+CONFINED_SHARE = 0.5
+# The reserve's probabilities are kept in steps of 1/RESERVE_LEVELS, so that scores (and ``version``) change
+# only when one moves by a step, not with every pod placed.
+RESERVE_LEVELS = 8
+# Copies of a confined shape one placement can take from a node, at most, that the reserve prices.
+RESERVE_DEPTH = 8
+
+
+def copies(node: Node, shape: Shape, cpu_taken: int = 0, taken: Mapping[int, int] | None = None) -> int:
+    """How many pods of ``shape`` the node could still host, by its GPUs and free CPU (a shape has no memory
+    figure), after a pod took ``cpu_taken`` millicores and ``taken`` (GPU index -> units)."""
+    gpus = slots = 0
+    for gpu in node.gpus:
+        if not gpu.healthy or gpu.exclusive or not shape.models.accepts(gpu.model):
+            continue
+        units = taken.get(gpu.index, 0) if taken else 0
+        if shape.exclusive:
+            gpus += gpu.used == 0 and gpu.holders == 0 and not units
+            continue
+        free = gpu.total - gpu.used - units
+        if free >= shape.per_gpu:
+            gpus += 1
+            slots += free // shape.per_gpu if shape.per_gpu else 1
+    count = slots if shape.gpu_count == 1 and not shape.exclusive else gpus // shape.gpu_count
+    if node.cpu_milli and shape.cpu_milli:
+        count = min(count, (node.cpu_milli - node.cpu_used - cpu_taken) // shape.cpu_milli)
+    return max(count, 0)
+
+
+def demand_beyond(mean: float, hosts: int, depth: int = 1) -> tuple[float, ...]:
+    """P(D >= hosts - i) for i < ``depth`` and D ~ Poisson(mean): the chance that the last of ``hosts``
+    places is needed, then the one before it, and so on."""
+    below = [0.0]  # below[k] = P(D < k)
+    if mean > 0:
+        for k in range(max(hosts, 0)):
+            below.append(below[-1] + math.exp(k * math.log(mean) - mean - math.lgamma(k + 1)))
+    return tuple(1.0 if hosts - i <= 0 else 0.0 if mean <= 0 else max(0.0, 1.0 - below[hosts - i])
+                 for i in range(depth))
+
+
+# What decides whether a node may host a shape at all: its CPU and its healthy GPUs' models and sizes.
+_Size = tuple[int, tuple[tuple[str, int], ...]]
+
+
+def _size(node: Node) -> _Size:
+    return node.cpu_milli, tuple(sorted((g.model, g.total) for g in node.gpus if g.healthy))
+
+
+def _may_host(size: _Size, shape: Shape, cpu: bool) -> bool:
+    cpu_milli, gpus = size
+    room = sum(1 for model, total in gpus if total >= shape.per_gpu and shape.models.accepts(model))
+    return room >= shape.gpu_count and (not cpu or not cpu_milli or cpu_milli >= shape.cpu_milli)
+
+
+@dataclass(frozen=True, slots=True)
+class _Reserve:
+    """A shape that only a few nodes can hold by size, with its GPU memory per pod and its host nodes."""
+
+    shape: Shape
+    probability: float
+    units: int
+    hosts: frozenset[str]
+
+
+# Per model the charge per unit taken; per reserve that may be needed, its price per copy lost (next, then after).
+_Prices = tuple[dict[str, float], tuple[tuple[_Reserve, tuple[float, ...]], ...]]
 
 
 class ScarcityLookahead(FragmentationLookahead):
-    """``fgd-lookahead`` plus the cost of taking capacity of a model that constrained demand needs."""
+    """``fgd-lookahead`` plus the cost of taking capacity that some expected demand has no alternative to:
+    GPUs of a model that constrained demand needs, while that model has no more free than the demand still to
+    come, and the last nodes that can hold a shape confined by node size."""
 
     name = "fgd-scarcity"
 
@@ -68,9 +157,24 @@ class ScarcityLookahead(FragmentationLookahead):
         super().__init__(workload if workload is not None else WorkloadDistribution(coverage=WHOLE_WORKLOAD))
         self._capacity: dict[str, int] = {}
         self._pressure: dict[str, float] = {}
-        self._basis: tuple[int, int] = (-1, 0)
+        self._basis: tuple[int, int, int] = (-1, 0, 0)
         self._inventory_version = 0
+        self._sizes_version = 0
         self._version = 0
+        # The cluster as last observed: each node, its size, and its free GPU memory per model.
+        self._nodes: dict[str, Node] = {}
+        self._sizes: dict[str, _Size] = {}
+        self._node_free: dict[str, dict[str, int]] = {}
+        self._free: dict[str, int] = {}
+        self._reserves: tuple[_Reserve, ...] = ()
+        self._hosted: list[dict[str, int]] = []  # per reserve: host node -> copies it could still take
+        self._mean_units = 0.0
+        self._dirty = True
+        # What placements pay, derived from the above: per model, and per reserve the price of each copy lost;
+        # one attribute, replaced whole, so that an evaluation never reads one half old and the other new.
+        self._prices: _Prices = ({}, ())
+        # The extender observes from one thread while bind may evaluate in another.
+        self._lock = threading.Lock()
 
     def observe_inventory(self, capacity: Mapping[str, int]) -> None:
         """The cluster's GPU capacity per model, in memory units (healthy GPUs)."""
@@ -78,27 +182,114 @@ class ScarcityLookahead(FragmentationLookahead):
             self._capacity = dict(capacity)
             self._inventory_version += 1
 
+    def observe_nodes(self, nodes: Iterable[Node], gone: Iterable[str] = ()) -> None:
+        with self._lock:
+            self._observe(nodes, gone)
+
+    def _observe(self, nodes: Iterable[Node], gone: Iterable[str]) -> None:
+        for name in gone:
+            if self._nodes.pop(name, None) is not None:
+                self._sizes.pop(name, None)
+                self._count_free(name, {})
+                for hosted in self._hosted:
+                    hosted.pop(name, None)
+                self._sizes_version += 1
+        for node in nodes:
+            name = node.name
+            self._nodes[name] = node
+            size = _size(node)
+            if self._sizes.get(name) != size:
+                self._sizes[name] = size
+                self._sizes_version += 1
+            free: dict[str, int] = {}
+            for gpu in node.gpus:
+                free[gpu.model] = free.get(gpu.model, 0) + gpu.free
+            self._count_free(name, free)
+            for reserve, hosted in zip(self._reserves, self._hosted, strict=True):
+                if name in reserve.hosts:
+                    hosted[name] = copies(node, reserve.shape)
+        self._dirty = True
+
+    def _count_free(self, name: str, free: dict[str, int]) -> None:
+        for model, units in self._node_free.pop(name, {}).items():
+            self._free[model] -= units
+        for model, units in free.items():
+            self._free[model] = self._free.get(model, 0) + units
+        if free:
+            self._node_free[name] = free
+
     @property
     def version(self) -> int:
         self._refresh()
         return self._version
 
     def _refresh(self) -> None:
-        basis = (self.workload.version, self._inventory_version)
-        if basis != self._basis:
+        with self._lock:
+            self._reprice()
+
+    def _reprice(self) -> None:
+        basis = (self.workload.version, self._inventory_version, self._sizes_version)
+        learned = basis != self._basis
+        if learned:
             self._basis = basis
-            self._pressure = model_pressure(self.workload.histogram(), self._capacity)
+            histogram = self.workload.histogram()
+            self._pressure = model_pressure(histogram, self._capacity)
+            self._mean_units = sum(p * s.gpu_count * s.per_gpu for s, p in histogram.items())
+            self._reserves = self._confined(histogram)
+            self._hosted = [{n: copies(self._nodes[n], r.shape) for n in r.hosts} for r in self._reserves]
+        elif not self._dirty:
+            return
+        self._dirty = False
+        prices = self._charges()
+        if learned or prices != self._prices:
+            self._prices = prices
             self._version += 1
 
-    def displacement(self, node: Node, taken: dict[int, int]) -> int:
-        if not taken:
-            return 0
+    def _confined(self, histogram: Mapping[Shape, float]) -> tuple[_Reserve, ...]:
+        by_size: dict[_Size, list[str]] = {}
+        for name, size in self._sizes.items():
+            by_size.setdefault(size, []).append(name)
+        reserves = []
+        for shape, probability in histogram.items():
+            if shape.gpu_count == 0:
+                continue
+            room = sum(len(names) for size, names in by_size.items() if _may_host(size, shape, cpu=False))
+            hosts = frozenset(n for size, names in by_size.items() if _may_host(size, shape, cpu=True) for n in names)
+            if hosts and len(hosts) < CONFINED_SHARE * room:
+                reserves.append(_Reserve(shape, probability, shape.gpu_count * shape.per_gpu, hosts))
+        return tuple(reserves)
+
+    def _charges(self) -> _Prices:
+        """Per model, the pressure while its free memory is no more than the constrained demand still to come
+        (its pressure times its capacity times the cluster's free share: if the rest fills at the same pace);
+        per reserve, the chance that each of the next copies lost was needed, the demand still to come being
+        its probability times the pods the free memory can still take."""
+        total = sum(self._capacity.values())
+        free = sum(self._free.get(m, 0) for m in self._capacity)
+        charge = {m: r for m, r in self._pressure.items()
+                  if r > 0 and self._free.get(m, 0) * total <= r * self._capacity[m] * free}
+        prices = []
+        for reserve, hosted in zip(self._reserves, self._hosted, strict=True):
+            expected = reserve.probability * free / self._mean_units if self._mean_units > 0 else 0.0
+            left = sum(hosted.values())
+            chances = demand_beyond(expected, left, RESERVE_DEPTH)
+            price = tuple(round(p * RESERVE_LEVELS) / RESERVE_LEVELS for p in chances)
+            # Priced while the next copy lost may be needed (the copies after it are likelier still).
+            if price[0]:
+                prices.append((reserve, price))
+        return charge, tuple(prices)
+
+    def displacement(self, node: Node, request: PodRequest, taken: dict[int, int]) -> int:
         self._refresh()
+        charge, reserves = self._prices
         cost = 0.0
         for gpu in node.gpus:
             units = taken.get(gpu.index)
             if units:
-                cost += units * self._pressure.get(gpu.model, 0.0)
+                cost += units * charge.get(gpu.model, 0.0)
+        for reserve, price in reserves:
+            if node.name not in reserve.hosts:
+                continue
+            lost = copies(node, reserve.shape) - copies(node, reserve.shape, request.cpu_milli, taken)
+            cost += reserve.units * sum(price[:lost])
         return round(cost * PRECISION)
-
-
