@@ -75,7 +75,8 @@ def demo_pods() -> list[dict[str, Any]]:
         pod("notebook-1", {"jupyter": 4}),
         pod("notebook-2", {"jupyter": 4}),
         pod("inference-t4", {"server": 6}, {contract.ANN_GPU_MODEL: "Tesla-T4"}),
-        pod("trainer-pair", {"trainer": 12, "metrics": 2}),
+        # Kept off the A100s, which the preemption act below fills to the last GiB.
+        pod("trainer-pair", {"trainer": 12, "metrics": 2}, {contract.HAMI_NOUSE_GPUTYPE: "A100"}),
         pod("llm-2gpu", {"worker": 120}, {contract.ANN_GPU_COUNT: "2",
                                           contract.ANN_GPU_MODEL: "NVIDIA-A100-SXM4-80GB"}),
         pod("bench-exclusive", {"bench": 16}, {contract.ANN_EXCLUSIVE: "true",
