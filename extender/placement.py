@@ -68,10 +68,15 @@ class PolicyBook:
 
     def __init__(self, default: str, workload_seed: Mapping[Shape, float] | None = None) -> None:
         self.default = default
-        self.workload = WorkloadDistribution()
+        default_policy = make_policy(default)
+        # The default policy builds the distribution it learns from as the trace replay builds it (fgd-scarcity's
+        # target counts every shape, fgd's the most frequent 95%), so the extender runs what the replay measured;
+        # policies that pods name share it.
+        learned = getattr(default_policy, "workload", None)
+        self.workload = learned if isinstance(learned, WorkloadDistribution) else WorkloadDistribution()
         if workload_seed:
             self.workload.seed(workload_seed, observations=sum(workload_seed.values()))
-        self._policies: dict[str, Policy] = {default: make_policy(default, self.workload)}
+        self._policies: dict[str, Policy] = {default: default_policy}
         self._observed: OrderedDict[str, None] = OrderedDict()
         self._failures: set[tuple[str, str]] = set()
         self._lock = threading.Lock()

@@ -28,7 +28,7 @@ from gpushare.contract import ANN_IDX, ModelRule, PodRequest
 from gpushare.kube.api import DEFAULT_TIMEOUT_S, Pods
 from gpushare.localcluster import LocalCluster
 from gpushare.localcluster.scheduler import SchedulerLoop
-from gpushare.policies import node_priority
+from gpushare.policies import make_policy, node_priority
 from gpushare.policies.workload import Shape, WorkloadDistribution, count_shapes, dump_workload, load_workload
 
 REQUESTS = [PodRequest(per_gpu=460, cpu_milli=6000)] * 7 + [PodRequest(per_gpu=1000, cpu_milli=8000)] * 5 + [
@@ -54,6 +54,20 @@ def test_a_seed_file_starts_the_workload_as_the_replay_seeds_it(tmp_path: Path) 
         replay.observe(Shape.of(request))
     assert book.workload.target == replay.target
     assert book.workload.version == replay.version
+
+
+@pytest.mark.parametrize("policy", ["fgd-scarcity", "fgd-lookahead", "fgd"])
+def test_the_default_policy_learns_its_workload_as_the_replay_builds_it(policy: str) -> None:
+    book = PolicyBook(policy)
+    replay = make_policy(policy)  # as bench.replay.build_policy makes an unseeded policy
+    # Rare shapes too: fgd-scarcity's target counts every shape, the others' the most frequent 95%.
+    requests = [PodRequest(per_gpu=16, gpu_count=8, cpu_milli=120_000)] + REQUESTS * 30
+    for i, request in enumerate(requests):
+        book.observe_once(f"uid-{i}", request)
+        replay.observe(request)
+    learned = book.for_request(REQUESTS[0]).workload  # type: ignore[attr-defined]
+    assert learned.target == replay.workload.target  # type: ignore[attr-defined]
+    assert learned.version == replay.workload.version  # type: ignore[attr-defined]
 
 
 def test_a_pod_without_gpu_is_counted_once() -> None:
