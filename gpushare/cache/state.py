@@ -331,14 +331,14 @@ class ClusterCache:
         lookup = cast(Callable[[int | None, object], Any], table.get)  # None, for no node, is never a key
         found: list[Any] = list(map(lookup, states, repeat(_UNKNOWN)))
         if any(map(is_, found, repeat(_UNKNOWN))):
-            missing = [i for i, answer in enumerate(found) if answer is _UNKNOWN and states[i] is not None]
-            if max_reads is not None and len({states[i] for i in missing}) > max_reads:  # one read per state
-                return None
+            if max_reads is not None:
+                unread = {state for state, answer in zip(states, found, strict=True)
+                          if answer is _UNKNOWN and state is not None}
+                if len(unread) > max_reads:  # one read per state
+                    return None
             for i, answer in enumerate(found):
-                if answer is _UNKNOWN and states[i] is None:
-                    found[i] = None
-            for i in missing:
-                found[i] = self._answer(names[i], table, read)
+                if answer is _UNKNOWN:
+                    found[i] = None if states[i] is None else self._answer(names[i], table, read)
         return dict(zip(names, found, strict=True))
 
     def _answer(self, name: str, table: dict[int, Any], read: Callable[[Node], Any]) -> Any:
