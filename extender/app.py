@@ -33,6 +33,7 @@ from extender.verbs import Verbs
 from extender.wire import (
     BadRequest,
     BindingArgs,
+    host_priority_list,
     parse_binding_args,
     parse_extender_args,
     parse_preemption_args,
@@ -276,7 +277,7 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
                 scores = verbs.prioritize(args, INLINE_SCORE_READS)
                 if scores is None:
                     scores = await run_in_threadpool(verbs.prioritize, args)
-                response = _json(scores)
+                response = Response(host_priority_list(scores), media_type="application/json")
             except (BadRequest, _BodyError) as exc:
                 return bad_request("prioritize", exc)
             metrics.count("prioritize", 200)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import threading
-from itertools import repeat
-from typing import Any, cast
+from itertools import filterfalse
+from typing import Any, cast, overload
 
 from extender.gang import Gangs
 from extender.placement import PolicyBook, RequestCache
@@ -31,24 +31,29 @@ class Verbs:
 
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:
         names = args.names
-        unknown = self.cache.unknown(names)
-        check_node_names(unknown)
         try:
             request = self.cache.resolve(self.requests.request(args.pod))
             self.book.for_request(request)  # an unknown policy name is the pod's error, before anything counts
         except ValueError as exc:  # a RequestError, or a policy the registry does not have
+            check_node_names(self.cache.unknown(names))
             return filter_result(args, None, {}, {}, str(exc))
         if not request.gpu_count:
+            check_node_names(self.cache.unknown(names))
             # kube-scheduler has already checked CPU and memory; only GPU requests need the extender's view.
             self.book.observe_once(args.pod.uid or args.pod.key, request)
             return filter_result(args, names, {}, {})
         try:
             gang = self.gangs.filter(args.pod, request, names)
         except ValueError as exc:  # a gang's field that cannot be read: the pod's error, like its request's
+            check_node_names(self.cache.unknown(names))
             return filter_result(args, None, {}, {}, str(exc))
         outcome = gang if gang is not None else self.cache.filter(names, request, args.pod.uid)
-        # Only shapes that some node could run, at least when empty, teach the workload: every node the cache
-        # does not know lands in FailedNodes, so more failed nodes than unknown ones means a real node could.
+        # Every node the cache does not know lands in FailedNodes, so only those names can be misspelt: hundreds
+        # of names pass for each pod, and looking each up once more cost as much as the filter itself.
+        unknown = self.cache.unknown(outcome.failed)
+        check_node_names(unknown)
+        # Only shapes that some node could run, at least when empty, teach the workload: more failed nodes than
+        # unknown ones means a real node could.
         if outcome.passed or len(outcome.failed) > len(unknown):
             self.book.observe_once(args.pod.uid or args.pod.key, request)
         return filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
@@ -64,20 +69,28 @@ class Verbs:
             policy.observe_nodes(nodes, [n for n in names if n not in known])
             self._read_to[name] = position
 
-    def prioritize(self, args: ExtenderArgs, max_reads: int | None = None) -> list[dict[str, Any]] | None:
-        """The scores; with ``max_reads``, ``None`` when more nodes than that must be evaluated afresh (see
-        ``ClusterCache.evaluate_memoised``)."""
+    @overload
+    def prioritize(self, args: ExtenderArgs) -> dict[int, list[str]]: ...
+
+    @overload
+    def prioritize(self, args: ExtenderArgs, max_reads: int) -> dict[int, list[str]] | None: ...
+
+    def prioritize(self, args: ExtenderArgs, max_reads: int | None = None) -> dict[int, list[str]] | None:
+        """Each score with the names that get it; with ``max_reads``, ``None`` when more nodes than that must be
+        evaluated afresh (see ``ClusterCache.evaluate_memoised``)."""
         names = args.names
         try:
             wanted = self.cache.resolve(self.requests.request(args.pod))
             policy = self.book.for_request(wanted)
         except ValueError:  # filter has already told kube-scheduler why
             check_node_names(self.cache.unknown(names))
-            return [{"Host": name, "Score": 0} for name in names]
+            return {0: names}
 
         planned = self.gangs.planned_node(args.pod)
         if planned is not None:  # filter passed only this node; should kube-scheduler send more, it goes first
-            return [{"Host": name, "Score": MAX_EXTENDER_SCORE if name == planned else 0} for name in names]
+            check_node_names(self.cache.unknown(names))
+            return {0: [name for name in names if name != planned],
+                    MAX_EXTENDER_SCORE: [planned] if planned in names else []}
 
         if isinstance(policy, InventoryAware):
             policy.observe_inventory(self.cache.gpu_capacity())
@@ -100,5 +113,6 @@ class Verbs:
             check_node_names(self.cache.unknown(names))
             fitting = {n: s for n, s in raw.items() if s is not None}
         scores = extender_scores(cast(dict[str, float], fitting), self.tie_seed)
-        return [{"Host": name, "Score": value} for name, value in zip(names, map(scores.get, names, repeat(0)),
-                                                                       strict=True)]
+        if len(fitting) < len(names):
+            scores.setdefault(0, []).extend(filterfalse(fitting.__contains__, names))
+        return scores

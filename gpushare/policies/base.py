@@ -6,7 +6,7 @@ import functools
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import combinations, compress, repeat
+from itertools import combinations, compress, groupby, repeat
 from operator import eq
 from typing import Protocol, runtime_checkable
 
@@ -121,8 +121,9 @@ def choose_node(nodes: Iterable[Node], request: PodRequest, policy: Policy,
     return None if best is None else (best[2], best[3])
 
 
-def extender_scores(scores: dict[str, float], seed: int = 0) -> dict[str, int]:
-    """Map raw policy scores onto 0..10 so that kube-scheduler still picks the policy's favourite.
+def extender_scores(scores: Mapping[str, float], seed: int = 0) -> dict[int, list[str]]:
+    """Map raw policy scores onto 0..10 so that kube-scheduler still picks the policy's favourite: each extender
+    score with the names of the nodes that get it.
 
     kube-scheduler sums integer scores and breaks ties at random, which would turn a fine-grained ranking
     into a lottery among all nodes that round to 10. So only the single best node (ties broken by
@@ -132,15 +133,21 @@ def extender_scores(scores: dict[str, float], seed: int = 0) -> dict[str, int]:
         return {}
     low, high = min(scores.values()), max(scores.values())
     # Prioritize asks this for hundreds of nodes per pod, in few distinct scores: C-level passes over the names,
-    # Python work only per distinct score.
+    # Python work only per distinct score. The answer is grouped by score, so that the wire format is written
+    # per group too.
     tied = compress(scores, map(eq, scores.values(), repeat(high)))
     best = max(tied, key=_tie_breaks(seed).__getitem__)
     span = high - low
-    levels = {s: MAX_EXTENDER_SCORE - 1 if span <= 0 else min(int((s - low) / span * (MAX_EXTENDER_SCORE - 1)),
-                                                               MAX_EXTENDER_SCORE - 1)
-              for s in set(scores.values())}
-    out = dict(zip(scores, map(levels.__getitem__, scores.values()), strict=True))
-    out[best] = MAX_EXTENDER_SCORE
+    out: dict[int, list[str]] = {}
+    for raw, names in groupby(sorted(scores, key=scores.__getitem__), key=scores.__getitem__):
+        level = MAX_EXTENDER_SCORE - 1 if span <= 0 else min(int((raw - low) / span * (MAX_EXTENDER_SCORE - 1)),
+                                                              MAX_EXTENDER_SCORE - 1)
+        out.setdefault(level, []).extend(names)
+    runners_up = out[MAX_EXTENDER_SCORE - 1]  # the highest raw score always maps to 9
+    runners_up.remove(best)
+    if not runners_up:
+        del out[MAX_EXTENDER_SCORE - 1]
+    out[MAX_EXTENDER_SCORE] = [best]
     return out
 
 
