@@ -87,7 +87,7 @@ def serve_extender(kubeconfig: str) -> None:
     configure_logging("WARNING")
     app = create_app(ExtenderConfig(), connect(kubeconfig))
 
-    @app.post("/echo")
+    @app.app.post("/echo")
     async def echo(request: Request) -> Response:
         return Response(orjson.dumps(orjson.loads(await request.body())), media_type="application/json")
 

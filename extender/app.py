@@ -150,28 +150,33 @@ Verb = Callable[[Request], Awaitable[Response]]
 
 
 class VerbRoutes:
-    """kube-scheduler's verbs (POST only), answered ahead of FastAPI's routing; every other request goes on to it.
+    """kube-scheduler's verbs (POST only), answered in front of the FastAPI app; every other request goes on to it.
 
-    Each GPU pod costs three calls in a row, and the layers FastAPI wraps around a route (matching, dependency
-    solving, exception handling, the exit stack) cost as much as a filter answered from the cache. The verbs read
-    the request and build their answer themselves, so they need none of them; an unexpected exception still reaches
-    FastAPI's outermost handler, which answers HTTP 500.
+    Each GPU pod costs three calls in a row, and the layers FastAPI wraps around a route (its middleware stack,
+    matching, dependency solving, the exit stack) cost as much as a filter answered from the cache. The verbs
+    read the request and build their answer themselves, so they need none of them. An unexpected exception is
+    logged and answered with HTTP 500, as FastAPI's outermost handler does for its own routes.
     """
 
-    def __init__(self, app: ASGIApp, verbs: Mapping[str, Verb]) -> None:
-        self._app = app
+    def __init__(self, app: FastAPI, verbs: Mapping[str, Verb]) -> None:
+        self.app = app
         self._verbs = dict(verbs)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         verb = self._verbs.get(scope["path"]) if scope["type"] == "http" else None
         if verb is None:
-            await self._app(scope, receive, send)
+            await self.app(scope, receive, send)
             return
-        if scope["method"] == "POST":
-            response = await verb(Request(scope, receive))
-        else:
+        if scope["method"] != "POST":
             response = Response(orjson.dumps({"detail": "Method Not Allowed"}), status_code=405,
                                 headers={"Allow": "POST"}, media_type="application/json")
+        else:
+            try:
+                response = await verb(Request(scope, receive))
+            except Exception:
+                log.exception("the extender failed to answer a request", extra={"path": scope["path"]})
+                response = _json({"Error": f"The gpushare extender failed to answer {scope['path']}; its log has "
+                                           "the traceback. kube-scheduler will try the pod again."}, 500)
         await response(scope, receive, send)
 
 
@@ -184,7 +189,7 @@ def _bound(answer: bytes) -> bool:
     return isinstance(result, dict) and result.get("Error") == ""
 
 
-def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
+def create_app(config: ExtenderConfig, kube: Kube) -> VerbRoutes:
     """Build the extender around one API server's ``Kube``; the watch starts with the app."""
     cache = ClusterCache(config.unit)
     watch = ClusterWatch(kube.nodes.list_call, kube.pods.list_call, cache, list_budgets=kube.budgets.list_call)
@@ -343,8 +348,6 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
             metrics.count("bind", 200)
             return _json({"Error": outcome.error})
 
-    app.add_middleware(VerbRoutes, verbs={PREFIX + "/filter": filter_verb, PREFIX + "/prioritize": prioritize_verb,
-                                          PREFIX + "/preempt": preempt_verb, PREFIX + "/bind": bind_verb})
 
     @app.get(PREFIX + "/inspect")
     def inspect_all() -> Response:
@@ -394,4 +397,5 @@ def create_app(config: ExtenderConfig, kube: Kube) -> FastAPI:
         body = await asyncio.get_running_loop().run_in_executor(metrics_pool, generate_latest, metrics.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    return app
+    return VerbRoutes(app, {PREFIX + "/filter": filter_verb, PREFIX + "/prioritize": prioritize_verb,
+                            PREFIX + "/preempt": preempt_verb, PREFIX + "/bind": bind_verb})

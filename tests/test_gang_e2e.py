@@ -437,3 +437,26 @@ def test_a_gang_members_filter_leaves_the_event_loop_free(cluster: LocalCluster,
         finally:
             groups.release.set()
         assert "PodGroup" in pending.result(timeout=30)["Error"]
+
+
+class BrokenPodGroups(PodGroups):
+    """PodGroup reads that fail in a way no handler expects, as a bug would."""
+
+    def read(self, namespace: str, name: str, *, timeout_s: float = 10.0) -> dict[str, Any]:
+        raise RuntimeError("a bug in the PodGroup read")
+
+
+def test_a_verb_that_fails_unexpectedly_answers_500_and_the_extender_goes_on(cluster: LocalCluster,
+                                                                             core: client.CoreV1Api) -> None:
+    api_client = cluster.api_client()
+    app = create_app(ExtenderConfig(policy="binpack"), dataclasses.replace(Kube.from_api_client(api_client),
+                                                                           pod_groups=BrokenPodGroups(api_client)))
+    create_pod(core, member("broken-read", "broken-read-gang"))
+    create_pod(core, pod_body("plain-after", 4))
+    with serve(app) as url:
+        wait_for(lambda: httpx.get(url + "/readyz").status_code == 200, "the extender to be ready")
+        answer = httpx.post(url + "/gpushare-scheduler/filter", timeout=10,
+                            json={"Pod": read_pod(core, "broken-read"), "Nodes": None, "NodeNames": NODES})
+        assert answer.status_code == 500
+        assert "failed to answer /gpushare-scheduler/filter" in answer.json()["Error"]
+        assert filter_pod(url + "/gpushare-scheduler", core, "plain-after")["NodeNames"]
