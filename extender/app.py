@@ -52,8 +52,8 @@ log = logging.getLogger(__name__)
 PREFIX = "/gpushare-scheduler"
 # A body must arrive within this long; kube-scheduler sends even a 15,000-node list in well under a second.
 BODY_READ_TIMEOUT_S = 10.0
-# At most this many nodes scored afresh on the event loop per prioritize (a few hundred microseconds); more go
-# to a thread.
+# At most this many nodes scored afresh (or copied for a policy that follows the cluster) on the event loop per
+# prioritize, a few hundred microseconds; more go to a thread.
 INLINE_SCORE_READS = 16
 # Past the budget, the answer goes out after this margin even if a bind's thread is still stuck in a call.
 ANSWER_MARGIN_S = 0.5

@@ -58,16 +58,21 @@ class Verbs:
             self.book.observe_once(args.pod.uid or args.pod.key, request)
         return filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
 
-    def _follow(self, name: str, policy: ClusterAware) -> None:
-        """Show a policy that weighs what the cluster has left the nodes changed since it last looked."""
+    def _follow(self, name: str, policy: ClusterAware, max_reads: int | None) -> bool:
+        """Show a policy that weighs what the cluster has left the nodes changed since it last looked; with
+        ``max_reads``, ``False`` instead, reading nothing, when more nodes than that changed (or the log of
+        changes no longer reaches back: every node must be read, as at the first prioritize)."""
         with self._follow_lock:
             position, names = self.cache.changes(self._read_to.get(name, 0))
+            if max_reads is not None and (names is None or len(names) > max_reads):
+                return False
             if names is None:
                 names = self.cache.node_names()
             nodes = self.cache.snapshot(names)
             known = {n.name for n in nodes}
             policy.observe_nodes(nodes, [n for n in names if n not in known])
             self._read_to[name] = position
+            return True
 
     @overload
     def prioritize(self, args: ExtenderArgs) -> dict[int, list[str]]: ...
@@ -77,7 +82,7 @@ class Verbs:
 
     def prioritize(self, args: ExtenderArgs, max_reads: int | None = None) -> dict[int, list[str]] | None:
         """Each score with the names that get it; with ``max_reads``, ``None`` when more nodes than that must be
-        evaluated afresh (see ``ClusterCache.evaluate_memoised``)."""
+        evaluated afresh (see ``ClusterCache.evaluate_memoised``) or copied for the policy to follow."""
         names = args.names
         try:
             wanted = self.cache.resolve(self.requests.request(args.pod))
@@ -94,8 +99,8 @@ class Verbs:
 
         if isinstance(policy, InventoryAware):
             policy.observe_inventory(self.cache.gpu_capacity())
-        if isinstance(policy, ClusterAware):
-            self._follow(policy.name, policy)
+        if isinstance(policy, ClusterAware) and not self._follow(policy.name, policy, max_reads):
+            return None
 
         def score(node: Node) -> float | None:
             candidate = self.book.evaluate(policy, node, wanted)
