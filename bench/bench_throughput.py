@@ -13,6 +13,10 @@ rotating start, prioritize when more than one node passed, binds in the backgrou
 * **floor**: the same loop with no extender (it accounts ``aliyun.com/gpu-mem`` itself and binds directly);
 * **one row per policy**: the extender as its own process, filter + prioritize + bind over HTTP.
 
+The API server, the scheduler loop and the extender are three processes, as kube-apiserver, kube-scheduler and
+the extender are: with the API server in the loop's process, the loop waited for the GIL while the API server
+served binds and watches, and that wait was counted as the extender's time.
+
 Reported per row: pods/s from the loop's start until 99% of the pods were bound (a few pods that fit nowhere
 must not set the pace; "bound" says how many were bound in the end), the ratio to the floor of the same run, the
 extender's time per pod (filter + prioritize as the loop saw it: median and p99), bind latency p99, the
@@ -26,6 +30,7 @@ import argparse
 import math
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,6 +51,7 @@ from bench.replay_http import wait_for_url
 from gpushare.clusterspec import ClusterSpec, GPUSpec, NodeSpec
 from gpushare.contract import ANN_GPU_COUNT, RESOURCE_GPU_MEM
 from gpushare.kube.api import Kube
+from gpushare.kube.client import load_configuration
 from gpushare.localcluster import LocalCluster
 from gpushare.localcluster.scheduler import SchedulerLoop
 from gpushare.policies import DEFAULT_POLICY, policy_names
@@ -123,7 +129,7 @@ def bound_count(kube: Kube) -> int:
     return sum(1 for p in kube.pods.list() if (p.get("spec") or {}).get("nodeName"))
 
 
-def run_loop(local: LocalCluster, kube: Kube, url: str | None, pods: int, seed: int, what: str
+def run_loop(api: client.ApiClient, url: str | None, pods: int, seed: int, what: str
              ) -> tuple[float, int, SchedulerLoop]:
     """Start the loop over pods that already exist; the seconds until ``RATE_SHARE`` of them were bound, and how
     many were bound by then.
@@ -133,7 +139,7 @@ def run_loop(local: LocalCluster, kube: Kube, url: str | None, pods: int, seed: 
     10 s: the rate is the pace of the first ``RATE_SHARE``, for every row alike, so that a stall of the last
     few does not set it. After 30 s without a bind the run ends.
     """
-    loop = SchedulerLoop(local.api_client(), url, seed=seed)
+    loop = SchedulerLoop(api, url, seed=seed)
     target = math.ceil(RATE_SHARE * pods)
     started = time.perf_counter()
     loop.start()
@@ -195,16 +201,52 @@ def percentile(samples: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def serve_cluster(nodes: int, kubeconfig: Path) -> None:
+    """Child process: the local API server with ``nodes`` nodes until SIGTERM; the kubeconfig appears once it serves."""
+    # Blocked before the server's thread starts, so that it inherits the mask and only sigwait takes them.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    with LocalCluster(cluster(nodes)) as local:
+        local.write_kubeconfig(kubeconfig.with_suffix(".partial")).rename(kubeconfig)  # whole, or not there yet
+        signal.sigwait({signal.SIGTERM, signal.SIGINT})
+
+
+@contextmanager
+def api_server(nodes: int, workdir: Path) -> Iterator[tuple[Path, int]]:
+    """The local API server as its own process: its kubeconfig and pid."""
+    kubeconfig = workdir / f"kubeconfig-{nodes}"
+    log = workdir / f"apiserver-{nodes}.log"
+    command = [sys.executable, "-m", "bench.bench_throughput", "--serve-cluster", str(nodes), "--kubeconfig-out",
+               str(kubeconfig)]
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stderr=out, stdout=out)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not kubeconfig.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"The local API server did not start within {START_TIMEOUT_S:.0f} s: "
+                                   f"{log.read_text().strip()[-2000:]}")
+            time.sleep(0.1)
+        yield kubeconfig, process.pid
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def measure(nodes: int, shapes: Sequence[Shape], policies: Sequence[str], seed: int, workdir: Path) -> list[Row]:
     rows = []
     progress(f"{nodes} nodes: starting the local API server")
-    with LocalCluster(cluster(nodes)) as local:
-        core = client.CoreV1Api(local.api_client())
-        kube = Kube.from_api_client(local.api_client())
-        kubeconfig = local.write_kubeconfig(workdir / "kubeconfig")
+    with api_server(nodes, workdir) as (kubeconfig, _):
+        configuration = load_configuration(kubeconfig)
+        api = client.ApiClient(configuration)
+        core = client.CoreV1Api(api)
+        kube = Kube.from_api_client(api)
         progress(f"{nodes} nodes: floor (no extender), creating {len(shapes)} pods")
         create_pods(core, shapes, "floor")
-        seconds, counted, _ = run_loop(local, kube, None, len(shapes), seed, "floor")
+        seconds, counted, _ = run_loop(client.ApiClient(configuration), None, len(shapes), seed, "floor")
         rows.append(Row("floor: no extender", counted / seconds, bound_count(kube), None, None, None, None))
         delete_pods(kube, core)
         for policy in policies:
@@ -212,8 +254,8 @@ def measure(nodes: int, shapes: Sequence[Shape], policies: Sequence[str], seed: 
             with extender(kubeconfig, policy, seed, workdir / f"extender-{nodes}-{policy}.log") as (url, pid):
                 create_pods(core, shapes, policy)
                 cpu_before = proc_cpu_s(pid)
-                seconds, counted, loop = run_loop(local, kube, url + "/gpushare-scheduler", len(shapes), seed,
-                                                  policy)
+                seconds, counted, loop = run_loop(client.ApiClient(configuration), url + "/gpushare-scheduler",
+                                                  len(shapes), seed, policy)
                 cpu = proc_cpu_s(pid) - cpu_before
                 rss = proc_rss_mib(pid)
                 done = bound_count(kube)
@@ -247,7 +289,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policies", default="all", help=f"comma-separated, or all ({', '.join(policy_names())})")
     parser.add_argument("--data", type=Path, default=openb.DEFAULT_DATA, help="the openb folder (pod shapes)")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--serve-cluster", type=int, metavar="NODES", help=argparse.SUPPRESS)
+    parser.add_argument("--kubeconfig-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.serve_cluster is not None:
+        serve_cluster(args.serve_cluster, args.kubeconfig_out)
+        return 0
     policies = list(policy_names()) if args.policies == "all" else args.policies.split(",")
     policies.sort(key=lambda p: p != DEFAULT_POLICY)
     shapes = trace_shapes(args.data, args.pods, args.seed)
