@@ -174,19 +174,12 @@ def proc_rss_mib(pid: int) -> float:
 
 
 @contextmanager
-def extender(kubeconfig: Path, policy: str, seed: int, log: Path) -> Iterator[tuple[str, int]]:
-    command = [sys.executable, "-m", "extender", "--host", "127.0.0.1", "--port", "0", "--policy", policy,
-               "--tie-seed", str(seed), "--kubeconfig", str(kubeconfig)]
+def child(command: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A process of this benchmark's, its output in ``log``; terminated (killed after 15 s) on the way out."""
     with log.open("w") as out:
         process = subprocess.Popen(command, stderr=out, stdout=out)
     try:
-        url = wait_for_url(process, log)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while httpx.get(url + "/readyz", timeout=5).status_code != 200:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"The extender did not list the cluster within {START_TIMEOUT_S:.0f} s; see {log}.")
-            time.sleep(0.2)
-        yield url, process.pid
+        yield process
     finally:
         process.terminate()
         try:
@@ -194,6 +187,20 @@ def extender(kubeconfig: Path, policy: str, seed: int, log: Path) -> Iterator[tu
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextmanager
+def extender(kubeconfig: Path, policy: str, seed: int, log: Path) -> Iterator[tuple[str, int]]:
+    command = [sys.executable, "-m", "extender", "--host", "127.0.0.1", "--port", "0", "--policy", policy,
+               "--tie-seed", str(seed), "--kubeconfig", str(kubeconfig)]
+    with child(command, log) as process:
+        url = wait_for_url(process, log)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while httpx.get(url + "/readyz", timeout=5).status_code != 200:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"The extender did not list the cluster within {START_TIMEOUT_S:.0f} s; see {log}.")
+            time.sleep(0.2)
+        yield url, process.pid
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -217,9 +224,7 @@ def api_server(nodes: int, workdir: Path) -> Iterator[tuple[Path, int]]:
     log = workdir / f"apiserver-{nodes}.log"
     command = [sys.executable, "-m", "bench.bench_throughput", "--serve-cluster", str(nodes), "--kubeconfig-out",
                str(kubeconfig)]
-    with log.open("w") as out:
-        process = subprocess.Popen(command, stderr=out, stdout=out)
-    try:
+    with child(command, log) as process:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not kubeconfig.exists():
             if process.poll() is not None or time.monotonic() > deadline:
@@ -227,13 +232,6 @@ def api_server(nodes: int, workdir: Path) -> Iterator[tuple[Path, int]]:
                                    f"{log.read_text().strip()[-2000:]}")
             time.sleep(0.1)
         yield kubeconfig, process.pid
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def measure(nodes: int, shapes: Sequence[Shape], policies: Sequence[str], seed: int, workdir: Path) -> list[Row]:
