@@ -41,7 +41,7 @@ from bench.baselines import PaperBestFit
 from bench.engine import GroupedCluster
 from gpushare.model import Node, gpu_capacity
 from gpushare.policies import DEFAULT_POLICY, Policy, make_policy, policy_names
-from gpushare.policies.base import ClusterAware, InventoryAware
+from gpushare.policies.base import follows_cluster, follows_inventory
 from gpushare.policies.fgd import FragmentationGradient
 from gpushare.policies.workload import WorkloadDistribution, count_shapes
 
@@ -96,7 +96,7 @@ def build_policy(name: str, trace_pods: Sequence[openb.TracePod], nodes: Sequenc
     if name in BENCH_POLICIES:
         return BENCH_POLICIES[name]()
     policy = make_policy(name, workload=workload_for(trace_pods) if name in SEEDED_POLICIES else None)
-    if isinstance(policy, InventoryAware):
+    if follows_inventory(policy):
         policy.observe_inventory(gpu_capacity(nodes))
     return policy
 
@@ -109,7 +109,7 @@ def replay(nodes: list[Node], pods: Sequence[openb.TracePod], policy: Policy, se
 def decide(cluster: GroupedCluster, pods: Sequence[openb.TracePod]) -> Iterator[Decision]:
     policy, nodes = cluster.policy, cluster.nodes
     # A policy that weighs what the cluster has left sees every node once, then each node a pod changed.
-    watcher = policy if isinstance(policy, ClusterAware) else None
+    watcher = policy if follows_cluster(policy) else None
     if watcher is not None:
         watcher.observe_nodes(nodes)
     for pod in pods:

@@ -14,7 +14,13 @@ from gpushare.cache.fitindex import shape_key
 from gpushare.cache.state import ClusterCache
 from gpushare.model import Node
 from gpushare.policies import extender_scores
-from gpushare.policies.base import MAX_EXTENDER_SCORE, ClusterAware, InventoryAware, policy_version
+from gpushare.policies.base import (
+    MAX_EXTENDER_SCORE,
+    ClusterAware,
+    follows_cluster,
+    follows_inventory,
+    policy_version,
+)
 
 
 class Verbs:
@@ -97,9 +103,10 @@ class Verbs:
             return {0: [name for name in names if name != planned],
                     MAX_EXTENDER_SCORE: [planned] if planned in names else []}
 
-        if isinstance(policy, InventoryAware):
+        if follows_inventory(policy):
             policy.observe_inventory(self.cache.gpu_capacity())
-        if isinstance(policy, ClusterAware) and not self._follow(policy.name, policy, max_reads):
+        policy_name = policy.name  # the guard below narrows ``policy`` to the protocol, which has no name
+        if follows_cluster(policy) and not self._follow(policy_name, policy, max_reads):
             return None
 
         def score(node: Node) -> float | None:

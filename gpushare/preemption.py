@@ -17,7 +17,7 @@ it shares)``, an upper bound for the pods kube-scheduler judged.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import combinations
 
 from gpushare.contract import PodRequest
@@ -62,7 +62,7 @@ def hold(node: Node, held: Iterable[Held]) -> Node:
     it), or, while its victims are still leaving, on the roomiest GPUs of its model, so that the room its
     preemption freed is not handed to a pod of lower priority in the meantime.
     """
-    scratch = _copy(node)
+    scratch = node.copy()
     for item in sorted(held, key=lambda h: -h.request.priority):
         request = item.request
         hosts = sorted(scratch.hosts(request), key=lambda g: (g.total - g.used, g.index))
@@ -169,15 +169,9 @@ def _result(chosen: Chosen, violations: ViolationCount) -> VictimSet:
     return VictimSet(tuple(Victim(key, p.uid, p.priority) for key, p in ordered), violations(ordered))
 
 
-def _copy(node: Node) -> Node:
-    return Node(name=node.name, gpus=[replace(g) for g in node.gpus], cpu_milli=node.cpu_milli,
-                memory_mib=node.memory_mib, cpu_used=node.cpu_used, memory_used=node.memory_used,
-                placements=dict(node.placements), unit=node.unit, defect=node.defect)
-
-
 def _fits_without(node: Node, request: PodRequest, removed: Iterable[str]) -> bool:
     """Whether the pod fits once the pods ``removed`` are gone, judged by ``Node.fits`` on a scratch copy."""
-    scratch = _copy(node)
+    scratch = node.copy()
     for key in removed:
         scratch.remove(key)
     return scratch.fits(request)

@@ -27,7 +27,7 @@ from gpushare.contract import (
 from gpushare.model import GPU, Node
 from gpushare.policies import make_policy
 from gpushare.policies.base import node_priority
-from gpushare.policies.gang import Member, Placed, copy_node, plan_gang
+from gpushare.policies.gang import Member, Placed, plan_gang
 
 
 def grouped(labels: dict[str, str], annotations: dict[str, str] | None = None) -> PodInfo:
@@ -143,7 +143,7 @@ def test_a_plan_is_never_over_capacity_and_is_all_it_needs_or_nothing(
 
 def naive_plan(nodes: list[Node], gang: list[Member], seed: int = 0) -> dict[str, Placed]:
     """The planner's rule without its shortcuts: every member asks every node afresh."""
-    copies = [copy_node(n) for n in nodes]
+    copies = [n.copy() for n in nodes]
     placed: dict[str, Placed] = {}
     for member in sorted(gang, key=lambda m: (-m.request.total, -m.request.gpu_count, m.key)):
         options = [(c.score, node_priority(n.name, seed), n, c) for n in copies

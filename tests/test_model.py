@@ -93,3 +93,16 @@ def test_build_node_counts_only_active_pods_bound_here() -> None:
     assert built.gpus[0].used == 4
     assert list(built.placements) == ["ns/running"]
     assert built.cpu_milli == 8000 and built.memory_mib == 32768
+
+
+def test_a_copy_holds_every_field_and_changes_apart_from_the_original() -> None:
+    gpu = GPU(index=3, model="A100", total=40, used=7, compute_used=30, holders=2, numa=1, links={2: 12},
+              uuid="GPU-x", affinity={"a": 1}, anti_affinity={"b": 2}, exclusion={"c": 1})
+    node = Node("n1", [gpu], cpu_milli=8000, memory_mib=1024, cpu_used=500, memory_used=64,
+                unit=MemoryUnit.MiB, defect="odd")
+    node.place("default/p", PodRequest(per_gpu=5), [3])
+    copy = node.copy()
+    assert copy == node and copy.gpus[0] is not gpu and copy.placements is not node.placements
+    copy.place("default/q", PodRequest(per_gpu=5), [3])
+    copy.gpus[0].healthy = False
+    assert (gpu.used, gpu.healthy) == (12, True) and list(node.placements) == ["default/p"]

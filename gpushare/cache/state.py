@@ -35,7 +35,6 @@ from gpushare.contract import (
     read_assignment,
 )
 from gpushare.model import Node, Placement, build_node, gpu_capacity, placement_of, state_signature
-from gpushare.policies.gang import copy_node
 from gpushare.preemption import Held, VictimSet, ViolationCount, find_victims, hold
 
 log = logging.getLogger(__name__)
@@ -430,7 +429,7 @@ class ClusterCache:
         for name in names:
             with self.locked(name) as node:
                 if node is not None:
-                    out.append(copy_node(node))
+                    out.append(node.copy())
         return out
 
     def hold_gang(self, gang: str, members: Mapping[str, tuple[str, PodRequest, str, tuple[int, ...]]]) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations, compress, groupby, repeat
 from operator import eq
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 from gpushare.contract import PodRequest
 from gpushare.model import GPU, Node
@@ -59,6 +59,22 @@ class ClusterAware(Protocol):
         """The nodes whose state may have changed since the last call (every node on the first), and the names
         of nodes that left the cluster."""
         ...
+
+
+def follows_inventory(policy: Policy) -> TypeGuard[InventoryAware]:
+    """Whether the policy is ``InventoryAware``; decided once per class, since a runtime protocol check walks the
+    protocol's members on every call and prioritize asks for every pod."""
+    return _implements(type(policy), InventoryAware)
+
+
+def follows_cluster(policy: Policy) -> TypeGuard[ClusterAware]:
+    """Whether the policy is ``ClusterAware``; decided once per class, as ``follows_inventory``."""
+    return _implements(type(policy), ClusterAware)
+
+
+@functools.cache
+def _implements(kind: type, protocol: type) -> bool:
+    return issubclass(kind, protocol)
 
 
 def policy_version(policy: Policy) -> int:

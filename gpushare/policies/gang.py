@@ -10,7 +10,7 @@ never reports a plan that overfills a GPU, since every step goes through ``Node.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from gpushare.contract import PodRequest
 from gpushare.model import Node, state_signature
@@ -44,11 +44,6 @@ class GangPlan:
     """How many members fitted at once, which may be fewer than needed: the sentence for the user reads it."""
 
 
-def copy_node(node: Node) -> Node:
-    """A copy that planning may fill without touching the cache's node."""
-    return replace(node, gpus=[replace(g) for g in node.gpus], placements=dict(node.placements))
-
-
 def plan_gang(nodes: Sequence[Node], members: Sequence[Member], need: int, seed: int = 0) -> GangPlan:
     """Place as many of ``members`` as fit on ``nodes`` together, largest first; a plan only if at least ``need``.
 
@@ -57,7 +52,7 @@ def plan_gang(nodes: Sequence[Node], members: Sequence[Member], need: int, seed:
     a placement only the node that changed again: members of a gang mostly share one shape, so a gang costs about
     one policy pass over the nodes, not one per member.
     """
-    copies = {n.name: copy_node(n) for n in nodes}
+    copies = {n.name: n.copy() for n in nodes}
     order = sorted(members, key=lambda m: (-m.request.total, -m.request.gpu_count, m.key))
     judged: dict[Hashable, tuple[Member, dict[str, Candidate | None]]] = {}
     placed: dict[str, Placed] = {}
