@@ -1,6 +1,7 @@
 """GPU scheduling throughput end to end, driven the way kube-scheduler drives an extender, against its floor.
 
     .venv/bin/python -m bench.bench_throughput [--nodes 5000,15000] [--pods 10000] [--policies all]
+                                               [--node-choices filter,prioritize]
                                                [--data ../shared/data/openb] [--seed 42]
 
 For each cluster size a local API server holds ``--nodes`` nodes of 8 x 16 GiB GPUs. ``--pods`` pending pods are
@@ -11,7 +12,9 @@ kube-scheduler's pattern (serial cycles over the first ``numFeasibleNodesToFind`
 rotating start, prioritize when more than one node passed, binds in the background):
 
 * **floor**: the same loop with no extender (it accounts ``aliyun.com/gpu-mem`` itself and binds directly);
-* **one row per policy**: the extender as its own process, filter + prioritize + bind over HTTP.
+* **one row per policy and node choice** (``--node-choices``): the extender as its own process over HTTP, with
+  ``--node-choice filter`` (filter passes only the policy's favourite, so the loop skips prioritize) or
+  ``prioritize`` (filter passes every node that fits, prioritize ranks them).
 
 The API server, the scheduler loop and the extender are three processes, as kube-apiserver, kube-scheduler and
 the extender are: with the API server in the loop's process, the loop waited for the GIL while the API server
@@ -48,6 +51,7 @@ from tabulate import tabulate
 
 from bench import openb
 from bench.replay_http import wait_for_url
+from extender.config import NodeChoice
 from gpushare.clusterspec import ClusterSpec, GPUSpec, NodeSpec
 from gpushare.contract import ANN_GPU_COUNT, RESOURCE_GPU_MEM
 from gpushare.kube.api import Kube
@@ -190,9 +194,9 @@ def child(command: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 
 @contextmanager
-def extender(kubeconfig: Path, policy: str, seed: int, log: Path) -> Iterator[tuple[str, int]]:
+def extender(kubeconfig: Path, policy: str, choice: str, seed: int, log: Path) -> Iterator[tuple[str, int]]:
     command = [sys.executable, "-m", "extender", "--host", "127.0.0.1", "--port", "0", "--policy", policy,
-               "--tie-seed", str(seed), "--kubeconfig", str(kubeconfig)]
+               "--node-choice", choice, "--tie-seed", str(seed), "--kubeconfig", str(kubeconfig)]
     with child(command, log) as process:
         url = wait_for_url(process, log)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -234,7 +238,9 @@ def api_server(nodes: int, workdir: Path) -> Iterator[tuple[Path, int]]:
         yield kubeconfig, process.pid
 
 
-def measure(nodes: int, shapes: Sequence[Shape], policies: Sequence[str], seed: int, workdir: Path) -> list[Row]:
+def measure(nodes: int, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]], seed: int, workdir: Path
+            ) -> list[Row]:
+    """The floor, then one row per (policy, node choice) of ``runs``."""
     rows = []
     progress(f"{nodes} nodes: starting the local API server")
     with api_server(nodes, workdir) as (kubeconfig, _):
@@ -247,18 +253,20 @@ def measure(nodes: int, shapes: Sequence[Shape], policies: Sequence[str], seed: 
         seconds, counted, _ = run_loop(client.ApiClient(configuration), None, len(shapes), seed, "floor")
         rows.append(Row("floor: no extender", counted / seconds, bound_count(kube), None, None, None, None))
         delete_pods(kube, core)
-        for policy in policies:
-            progress(f"{nodes} nodes: {policy}, creating {len(shapes)} pods")
-            with extender(kubeconfig, policy, seed, workdir / f"extender-{nodes}-{policy}.log") as (url, pid):
-                create_pods(core, shapes, policy)
+        for policy, choice in runs:
+            what = f"{policy}, chosen in {choice}"
+            progress(f"{nodes} nodes: {what}, creating {len(shapes)} pods")
+            log = workdir / f"extender-{nodes}-{policy}-{choice}.log"
+            with extender(kubeconfig, policy, choice, seed, log) as (url, pid):
+                create_pods(core, shapes, f"{policy}-{choice}")
                 cpu_before = proc_cpu_s(pid)
                 seconds, counted, loop = run_loop(client.ApiClient(configuration), url + "/gpushare-scheduler",
-                                                  len(shapes), seed, policy)
+                                                  len(shapes), seed, what)
                 cpu = proc_cpu_s(pid) - cpu_before
                 rss = proc_rss_mib(pid)
                 done = bound_count(kube)
             cycles = loop.stats.extender_ms
-            rows.append(Row(policy, counted / seconds, done,
+            rows.append(Row(what, counted / seconds, done,
                             (statistics.median(cycles), percentile(cycles, 0.99)) if cycles else None,
                             percentile(loop.stats.bind_ms, 0.99) if loop.stats.bind_ms else None,
                             1000 * cpu / max(done, 1), rss))
@@ -285,6 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", default="5000,15000", help="comma-separated cluster sizes")
     parser.add_argument("--pods", type=int, default=10_000, help="pods to schedule per row")
     parser.add_argument("--policies", default="all", help=f"comma-separated, or all ({', '.join(policy_names())})")
+    parser.add_argument("--node-choices", default=NodeChoice.FILTER.value,
+                        help=f"comma-separated --node-choice values each policy runs with "
+                             f"({', '.join(NodeChoice)}; default {NodeChoice.FILTER.value})")
     parser.add_argument("--data", type=Path, default=openb.DEFAULT_DATA, help="the openb folder (pod shapes)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--serve-cluster", type=int, metavar="NODES", help=argparse.SUPPRESS)
@@ -295,10 +306,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     policies = list(policy_names()) if args.policies == "all" else args.policies.split(",")
     policies.sort(key=lambda p: p != DEFAULT_POLICY)
+    runs = [(policy, NodeChoice(choice).value) for policy in policies for choice in args.node_choices.split(",")]
     shapes = trace_shapes(args.data, args.pods, args.seed)
     with tempfile.TemporaryDirectory(prefix="gpushare-throughput-") as tmp:
         for nodes in (int(n) for n in args.nodes.split(",")):
-            print(table(nodes, measure(nodes, shapes, policies, args.seed, Path(tmp))), flush=True)
+            print(table(nodes, measure(nodes, shapes, runs, args.seed, Path(tmp))), flush=True)
             print(flush=True)
     return 0
 

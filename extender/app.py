@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from extender.binder import Binder, BindOutcome
-from extender.config import ExtenderConfig
+from extender.config import ExtenderConfig, NodeChoice
 from extender.forward import FORWARDED_BY_HEADER, BindForwarder
 from extender.gang import COMPONENT as GANG_COMPONENT
 from extender.gang import SWEEP_INTERVAL_S, Gangs
@@ -203,7 +203,7 @@ def create_app(config: ExtenderConfig, kube: Kube) -> VerbRoutes:
 
     gangs = Gangs(cache, watch.gangs, requests, book, kube.pod_groups, gang_event, metrics_registry,
                   config.gang_timeout_s, config.tie_seed)
-    verbs = Verbs(cache, book, requests, gangs, config.tie_seed)
+    verbs = Verbs(cache, book, requests, gangs, config.tie_seed, config.node_choice is NodeChoice.FILTER)
     preempt = Preempt(cache, requests, watch.budgets)
     binder = Binder(kube.pods, cache, book, watch.pending, config.bind_timeout_s)
     ledger = FilterLedger()
@@ -260,10 +260,12 @@ def create_app(config: ExtenderConfig, kube: Kube) -> VerbRoutes:
         with metrics.timed("filter"):
             try:
                 args = parse_extender_args(await _read_body(request, config.max_body_bytes))
-                # A gang member's filter may read its PodGroup from the API server and plan the whole gang:
-                # off the event loop, which must keep answering health checks and other pods meanwhile.
-                result = (await run_in_threadpool(verbs.filter, args) if names_a_gang(args.pod)
-                          else verbs.filter(args))
+                # A gang member's filter may read its PodGroup from the API server and plan the whole gang, and
+                # choosing a node may score thousands of nodes afresh: off the event loop, which must keep
+                # answering health checks and other pods meanwhile. Mostly remembered answers (as for prioritize).
+                result = None if names_a_gang(args.pod) else verbs.filter(args, INLINE_SCORE_READS)
+                if result is None:
+                    result = await run_in_threadpool(verbs.filter, args)
             except (BadRequest, _BodyError) as exc:
                 return bad_request("filter", exc)
             ledger.record(args.pod.uid or args.pod.key, _passed(result))

@@ -7,6 +7,7 @@ import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import TypeVar
 
@@ -34,6 +35,13 @@ MAX_BUDGET_S = 60.0
 MAX_GANG_TIMEOUT_S = 3600.0
 
 
+class NodeChoice(StrEnum):
+    """Which verb decides a GPU pod's node among those it fits."""
+
+    FILTER = "filter"  # filter passes only the policy's favourite; kube-scheduler then skips prioritize
+    PRIORITIZE = "prioritize"  # filter passes every node that fits; prioritize ranks them among kube-scheduler's scores
+
+
 class ConfigError(ValueError):
     """A setting the extender cannot start with; the text says which and how to fix it."""
 
@@ -50,6 +58,7 @@ class ExtenderConfig:
     log_level: str = "INFO"
     policy: str = DEFAULT_POLICY
     tie_seed: int = 0
+    node_choice: NodeChoice = NodeChoice.FILTER
     kubeconfig: Path | None = None
     context: str | None = None  # a context of the kubeconfig; None: its current-context
     leader: LeaseSettings | None = None  # None: a single replica, which binds itself
@@ -86,6 +95,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--policy", default=os.environ.get("GPUSHARE_POLICY", DEFAULT_POLICY),
                         help=f"placement policy for pods that do not name one (default {DEFAULT_POLICY})")
     parser.add_argument("--tie-seed", type=int, default=0, help="seed that breaks ties between equal nodes")
+    parser.add_argument("--node-choice", choices=[c.value for c in NodeChoice],
+                        default=os.environ.get("GPUSHARE_NODE_CHOICE", NodeChoice.FILTER.value),
+                        help="filter: filter passes only the node the policy places the pod on, so kube-scheduler "
+                             "binds there and skips prioritize (one call per pod instead of two); prioritize: filter "
+                             "passes every node that fits and prioritize ranks them, weighed with kube-scheduler's "
+                             "own scores (default: $GPUSHARE_NODE_CHOICE, else filter)")
     parser.add_argument("--kubeconfig", type=Path, default=None,
                         help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else the pod's service "
                              "account)")
@@ -183,6 +198,10 @@ def parse_config(argv: Sequence[str] | None = None) -> ExtenderConfig:
     health_port = _number(args.health_port, "--health-port", "GPUSHARE_HEALTH_PORT", -1, int)
     if health_port != -1 and (not 0 <= health_port <= 65535 or (health_port == port and port != 0)):
         raise ConfigError(f"--health-port {health_port} must be from 0 to 65535 and differ from --port ({port}).")
+    if args.node_choice not in {c.value for c in NodeChoice}:  # argparse checks the flag, not the environment
+        raise ConfigError(f"GPUSHARE_NODE_CHOICE={clip(args.node_choice)} is not a node choice; use "
+                          f"{' or '.join(NodeChoice)}.")
+    node_choice = NodeChoice(args.node_choice)
     if args.policy not in policy_names():
         raise ConfigError(f"Unknown placement policy {args.policy!r}; use one of {', '.join(policy_names())}.")
     for path in (args.tls_cert, args.tls_key, args.tls_client_ca, args.kubeconfig, args.peer_ca, args.workload_seed):
@@ -211,8 +230,8 @@ def parse_config(argv: Sequence[str] | None = None) -> ExtenderConfig:
                           max_body_bytes=max_body, tls_cert=args.tls_cert, tls_key=args.tls_key,
                           tls_client_ca=args.tls_client_ca, health_port=None if health_port == -1 else health_port,
                           unit=MemoryUnit(args.unit), log_level=args.log_level, policy=args.policy,
-                          tie_seed=args.tie_seed, kubeconfig=args.kubeconfig, context=args.context,
-                          leader=_lease_settings(args, port),
+                          tie_seed=args.tie_seed, node_choice=node_choice, kubeconfig=args.kubeconfig,
+                          context=args.context, leader=_lease_settings(args, port),
                           peer_ca=args.peer_ca, workload_seed=args.workload_seed, gang_timeout_s=gang_timeout)
 
 

@@ -12,8 +12,9 @@ from extender.placement import PolicyBook, RequestCache
 from extender.wire import ExtenderArgs, check_node_names, filter_result
 from gpushare.cache.fitindex import shape_key
 from gpushare.cache.state import ClusterCache
+from gpushare.contract import PodRequest
 from gpushare.model import Node
-from gpushare.policies import extender_scores
+from gpushare.policies import extender_scores, favourite
 from gpushare.policies.base import (
     MAX_EXTENDER_SCORE,
     ClusterAware,
@@ -25,17 +26,28 @@ from gpushare.policies.base import (
 
 class Verbs:
     def __init__(self, cache: ClusterCache, book: PolicyBook, requests: RequestCache, gangs: Gangs,
-                 tie_seed: int = 0) -> None:
+                 tie_seed: int = 0, choose_in_filter: bool = True) -> None:
         self.cache = cache
         self.book = book
         self.requests = requests
         self.gangs = gangs
         self.tie_seed = tie_seed
+        self.choose_in_filter = choose_in_filter
         # Per policy that follows the cluster's free capacity, how far it has read the cache's log of changes.
         self._read_to: dict[str, int] = {}
         self._follow_lock = threading.Lock()
 
-    def filter(self, args: ExtenderArgs) -> dict[str, Any]:
+    @overload
+    def filter(self, args: ExtenderArgs) -> dict[str, Any]: ...
+
+    @overload
+    def filter(self, args: ExtenderArgs, max_reads: int) -> dict[str, Any] | None: ...
+
+    def filter(self, args: ExtenderArgs, max_reads: int | None = None) -> dict[str, Any] | None:
+        """ExtenderFilterResult; with ``choose_in_filter``, only the policy's favourite of the nodes a GPU pod fits
+        passes.
+        With ``max_reads``, ``None`` when choosing it needs more nodes scored afresh than that (as ``prioritize``);
+        asking again without it gives the answer (what was learned from the pod is learned once)."""
         names = args.names
         try:
             request = self.cache.resolve(self.requests.request(args.pod))
@@ -45,7 +57,9 @@ class Verbs:
             return filter_result(args, None, {}, {}, str(exc))
         if not request.gpu_count:
             check_node_names(self.cache.unknown(names))
-            # kube-scheduler has already checked CPU and memory; only GPU requests need the extender's view.
+            # kube-scheduler has already checked CPU and memory; only GPU requests need the extender's view. Nor
+            # does the extender choose: the cache may not know every node such a pod can run on (nodes without
+            # GPUs), and prioritize weighs its preference among kube-scheduler's own.
             self.book.observe_once(args.pod.uid or args.pod.key, request)
             return filter_result(args, names, {}, {})
         try:
@@ -62,7 +76,23 @@ class Verbs:
         # unknown ones means a real node could.
         if outcome.passed or len(outcome.failed) > len(unknown):
             self.book.observe_once(args.pod.uid or args.pod.key, request)
-        return filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
+        return self._chosen(args, request, outcome.passed, outcome.failed, outcome.unresolvable, max_reads)
+
+    def _chosen(self, args: ExtenderArgs, request: PodRequest, passed: list[str], failed: dict[str, str],
+                unresolvable: dict[str, str], max_reads: int | None) -> dict[str, Any] | None:
+        """The filter's answer, passing only the favourite of ``passed`` when the extender chooses in filter.
+
+        kube-scheduler skips prioritize when one node passed, so a GPU pod costs one call before its bind
+        instead of two, and the node bound is the policy's choice, whatever kube-scheduler's own scores say.
+        The nodes left out are neither failed nor unresolvable: the pod has a node, so nothing reports them.
+        """
+        if self.choose_in_filter and len(passed) > 1:
+            scores = self._fitting_scores(request, passed, max_reads)
+            if scores is None:
+                return None
+            if scores:  # the policy may fail on a node that fits (logged there): choose among the others
+                passed = [favourite(scores, self.tie_seed)]
+        return filter_result(args, passed, failed, unresolvable)
 
     def _follow(self, name: str, policy: ClusterAware, max_reads: int | None) -> bool:
         """Show a policy that weighs what the cluster has left the nodes changed since it last looked; with
@@ -92,7 +122,7 @@ class Verbs:
         names = args.names
         try:
             wanted = self.cache.resolve(self.requests.request(args.pod))
-            policy = self.book.for_request(wanted)
+            self.book.for_request(wanted)
         except ValueError:  # filter has already told kube-scheduler why
             check_node_names(self.cache.unknown(names))
             return {0: names}
@@ -103,6 +133,22 @@ class Verbs:
             return {0: [name for name in names if name != planned],
                     MAX_EXTENDER_SCORE: [planned] if planned in names else []}
 
+        fitting = self._fitting_scores(wanted, names, max_reads)
+        if fitting is None:
+            return None
+        if len(fitting) < len(names):
+            # Only a name that scores nothing can be no node of the cache, and only those need their spelling checked.
+            check_node_names(self.cache.unknown(names))
+        scores = extender_scores(fitting, self.tie_seed)
+        if len(fitting) < len(names):
+            scores.setdefault(0, []).extend(filterfalse(fitting.__contains__, names))
+        return scores
+
+    def _fitting_scores(self, wanted: PodRequest, names: list[str], max_reads: int | None) -> dict[str, float] | None:
+        """The raw score of each of ``names`` the pod fits on, with its policy; with ``max_reads``, ``None`` when
+        more nodes than that must be evaluated afresh (see ``ClusterCache.evaluate_memoised``) or copied for the
+        policy to follow."""
+        policy = self.book.for_request(wanted)
         if follows_inventory(policy):
             policy.observe_inventory(self.cache.gpu_capacity())
         policy_name = policy.name  # the guard below narrows ``policy`` to the protocol, which has no name
@@ -119,12 +165,6 @@ class Verbs:
         raw = self.cache.evaluate_memoised(names, key, score, max_reads)
         if raw is None:
             return None
-        fitting = raw
-        if None in raw.values():
-            # Only a name that scores None can be no node of the cache, and only those need their spelling checked.
-            check_node_names(self.cache.unknown(names))
-            fitting = {n: s for n, s in raw.items() if s is not None}
-        scores = extender_scores(cast(dict[str, float], fitting), self.tie_seed)
-        if len(fitting) < len(names):
-            scores.setdefault(0, []).extend(filterfalse(fitting.__contains__, names))
-        return scores
+        if None not in raw.values():
+            return cast(dict[str, float], raw)
+        return {n: s for n, s in raw.items() if s is not None}

@@ -84,7 +84,8 @@ def test_extender_command_and_probes(rendered: dict[str, Docs]) -> None:
     extender = container(find(rendered["default"], "Deployment", "gpushare-extender"))
     assert extender["command"] == ["gpushare-extender"]
     # The chart's default policy is the extender's own default, so a chart install behaves like the README says.
-    assert extender["args"] == ["--port=39999", "--health-port=39998", f"--policy={DEFAULT_POLICY}", "--unit=GiB",
+    assert extender["args"] == ["--port=39999", "--health-port=39998", f"--policy={DEFAULT_POLICY}",
+                                "--node-choice=filter", "--unit=GiB",
                                 "--log-level=INFO", "--bind-timeout=3", "--max-concurrent-binds=32",
                                 "--max-body-bytes=16777216"]
     # The bind budget stays a second below the httpTimeout the chart gives kube-scheduler.

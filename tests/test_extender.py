@@ -17,6 +17,7 @@ from test_extender_harness import (
     V100_32,
     V100_32_MIB,
     create_pod,
+    emptied_core,
     gpu_node,
     pod_body,
     read_pod,
@@ -25,7 +26,7 @@ from test_extender_harness import (
     wait_for,
 )
 
-from extender.config import ExtenderConfig
+from extender.config import ExtenderConfig, NodeChoice
 from gpushare.contract import (
     ANN_ASSIGNED,
     ANN_CONTAINER_SHARES,
@@ -119,17 +120,23 @@ def test_filter_by_node_names(env: Env) -> None:
     assert "not in the gpushare extender's cache" in body["FailedNodes"]["ghost"]
 
 
-def test_filter_with_full_node_objects(env: Env) -> None:
-    pod = create_pod(env.core, pod_body("p", 10))
-    items = env.nodes("mixed", "t4x2", "cpu-only")
-    node_list = {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "7"}, "items": items}
-    body = env.post("filter", {"Pod": pod, "Nodes": node_list, "NodeNames": None}).json()
-    assert set(body) == FILTER_KEYS
-    assert body["NodeNames"] is None
-    assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["mixed", "t4x2"]
-    assert body["Nodes"]["items"] == [n for n in items if n["metadata"]["name"] != "cpu-only"]
-    assert body["Nodes"]["kind"] == "NodeList"
-    assert list(body["FailedAndUnresolvableNodes"]) == ["cpu-only"]
+@pytest.mark.parametrize("choice", list(NodeChoice))
+def test_filter_with_full_node_objects(cluster: LocalCluster, choice: NodeChoice) -> None:
+    core = emptied_core(cluster)
+    with running_extender(cluster, ExtenderConfig(node_choice=choice)) as url:
+        env = Env(cluster, url)
+        pod = create_pod(core, pod_body("p", 10))
+        items = env.nodes("mixed", "t4x2", "cpu-only")
+        node_list = {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "7"}, "items": items}
+        body = env.post("filter", {"Pod": pod, "Nodes": node_list, "NodeNames": None}).json()
+        assert set(body) == FILTER_KEYS
+        assert body["NodeNames"] is None
+        passed = [n["metadata"]["name"] for n in body["Nodes"]["items"]]
+        # 'mixed' leaves its 32 GiB V100 whole for larger pods: the policy's favourite
+        assert passed == (["mixed"] if choice is NodeChoice.FILTER else ["mixed", "t4x2"])
+        assert body["Nodes"]["items"] == [n for n in items if n["metadata"]["name"] in passed]
+        assert body["Nodes"]["kind"] == "NodeList"
+        assert list(body["FailedAndUnresolvableNodes"]) == ["cpu-only"] and body["FailedNodes"] == {}
 
 
 def test_pod_without_gpu_passes_every_node(env: Env) -> None:
@@ -246,7 +253,8 @@ def test_multi_container_pod_is_accounted_as_one(env: Env) -> None:
 def test_multi_gpu_pod_spans_gpus(env: Env) -> None:
     pod = create_pod(env.core, pod_body("wide", 24, gpu_count=2))
     body = env.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": ["mixed", "t4x2"]}).json()
-    assert body["NodeNames"] == ["mixed", "t4x2"]
+    # Both fit; filter passes the one the policy chooses (the T4 pair, keeping the V100 for larger pods).
+    assert body["NodeNames"] == ["t4x2"] and body["FailedNodes"] == body["FailedAndUnresolvableNodes"] == {}
     assert env.bind(pod, "t4x2") == ""
     ann = read_pod(env.core, "wide")["metadata"]["annotations"]
     assert (ann[ANN_GPU_INDICES], ann[ANN_POD], ann[ANN_MEMORY_UNIT]) == ("0,1", "24", "GiB")
@@ -451,8 +459,9 @@ def test_learning_policy_chosen_by_the_pod(env: Env) -> None:
         env.post("filter", {"Pod": read_pod(env.core, f"seen{i}"), "NodeNames": ["mixed", "t4x2"]})
     pod = create_pod(env.core, pod_body("learner", 5, annotations={"gpushare.io/scheduler-policy": "fgd"}))
     body = env.post("filter", {"Pod": pod, "NodeNames": ["mixed", "t4x2"]}).json()
-    assert body["Error"] == "" and body["NodeNames"] == ["mixed", "t4x2"]
+    assert body["Error"] == "" and len(body["NodeNames"]) == 1
     scores = env.post("prioritize", {"Pod": pod, "NodeNames": ["mixed", "t4x2"]}).json()
     assert sorted(e["Score"] for e in scores)[-1] == 10
     best = next(e["Host"] for e in scores if e["Score"] == 10)
+    assert body["NodeNames"] == [best]  # filter chose what prioritize prefers
     assert env.bind(pod, best) == ""

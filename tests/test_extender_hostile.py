@@ -193,10 +193,11 @@ def ordinary_pod_still_schedules(cluster: LocalCluster, http: httpx.Client) -> N
     created = create_pod(core, pod_body("ordinary", 4))
     body = {"Pod": created, "NodeNames": ["t4x2", "v100"]}
     filtered = http.post("/gpushare-scheduler/filter", content=orjson.dumps(body)).json()
-    assert filtered["Error"] == "" and sorted(filtered["NodeNames"]) == ["t4x2", "v100"]
+    assert filtered["Error"] == "" and filtered["FailedNodes"] == filtered["FailedAndUnresolvableNodes"] == {}
     scores = http.post("/gpushare-scheduler/prioritize", content=orjson.dumps(body)).json()
     assert sorted(s["Score"] for s in scores)[-1] == 10
     best = max(scores, key=lambda s: s["Score"])["Host"]
+    assert filtered["NodeNames"] == [best]  # both fit; filter passed the policy's choice
     bound = http.post("/gpushare-scheduler/bind", content=orjson.dumps({
         "PodName": "ordinary", "PodNamespace": "default", "PodUID": created["metadata"]["uid"], "Node": best}))
     assert bound.json() == {"Error": ""}

@@ -1,8 +1,9 @@
 """Placement policies: pure functions of a node's state and a pod's request.
 
 A policy answers one question per node: can this pod run here, and if so on which GPUs and how good is
-that (``Candidate``)? The extender's prioritize turns the scores of all nodes into kube-scheduler's 0-10
-scale with ``extender_scores``; its bind asks the same policy again on the fresh state to choose the GPUs.
+that (``Candidate``)? The extender's filter passes only the ``favourite`` of the nodes that fit, or its prioritize
+turns their scores into kube-scheduler's 0-10 scale with ``extender_scores`` (the favourite alone gets 10); its
+bind asks the same policy again on the fresh state to choose the GPUs.
 The trace replay in ``bench/`` calls exactly these functions.
 """
 
@@ -13,6 +14,7 @@ from gpushare.policies.base import (
     Policy,
     choose_node,
     extender_scores,
+    favourite,
     node_priority,
 )
 from gpushare.policies.registry import DEFAULT_POLICY, make_policy, policy_names
@@ -23,6 +25,7 @@ __all__ = [
     "Policy",
     "choose_node",
     "extender_scores",
+    "favourite",
     "make_policy",
     "node_priority",
     "policy_names",

@@ -137,6 +137,13 @@ def choose_node(nodes: Iterable[Node], request: PodRequest, policy: Policy,
     return None if best is None else (best[2], best[3])
 
 
+def favourite(scores: Mapping[str, float], seed: int = 0) -> str:
+    """The name with the highest score, ties broken by ``node_priority``: the node the policy places the pod on
+    (the one ``extender_scores`` gives the top score). ``scores`` must not be empty."""
+    high = max(scores.values())
+    return max(compress(scores, map(eq, scores.values(), repeat(high))), key=_tie_breaks(seed).__getitem__)
+
+
 def extender_scores(scores: Mapping[str, float], seed: int = 0) -> dict[int, list[str]]:
     """Map raw policy scores onto 0..10 so that kube-scheduler still picks the policy's favourite: each extender
     score with the names of the nodes that get it.
@@ -151,8 +158,7 @@ def extender_scores(scores: Mapping[str, float], seed: int = 0) -> dict[int, lis
     # Prioritize asks this for hundreds of nodes per pod, in few distinct scores: C-level passes over the names,
     # Python work only per distinct score. The answer is grouped by score, so that the wire format is written
     # per group too.
-    tied = compress(scores, map(eq, scores.values(), repeat(high)))
-    best = max(tied, key=_tie_breaks(seed).__getitem__)
+    best = favourite(scores, seed)
     span = high - low
     out: dict[int, list[str]] = {}
     for raw, names in groupby(sorted(scores, key=scores.__getitem__), key=scores.__getitem__):
