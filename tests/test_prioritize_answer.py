@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.wire import host_priority_list
-from gpushare.policies import extender_scores, node_priority
+from gpushare.policies import extender_scores, favourite, node_priority
 
 NODE_NAMES = st.from_regex(r"[a-z0-9]([a-z0-9.-]{0,20}[a-z0-9])?", fullmatch=True)
 RAW_SCORES = st.dictionaries(NODE_NAMES, st.sampled_from([-3.5, 0.0, 0.25, 1.0, 7.0, 1e6]) | st.floats(-1e3, 1e3),
@@ -16,7 +16,7 @@ RAW_SCORES = st.dictionaries(NODE_NAMES, st.sampled_from([-3.5, 0.0, 0.25, 1.0, 
 
 @settings(max_examples=300, deadline=None)
 @given(RAW_SCORES, st.integers(0, 3))
-def test_every_node_gets_one_score_and_only_the_favourite_gets_ten(raw: dict[str, float], seed: int) -> None:
+def test_every_node_gets_one_score_and_only_the_favourite_gets_ten_the_node_filter_chooses(raw: dict[str, float], seed: int) -> None:
     answer = orjson.loads(host_priority_list(extender_scores(raw, seed)))
     scores = {entry["Host"]: entry["Score"] for entry in answer}
     assert len(answer) == len(scores) == len(raw) and scores.keys() == raw.keys()
@@ -25,6 +25,7 @@ def test_every_node_gets_one_score_and_only_the_favourite_gets_ten(raw: dict[str
         return
     best = max(raw, key=lambda name: (raw[name], node_priority(name, seed)))
     assert [name for name, s in scores.items() if s == 10] == [best]
+    assert favourite(raw, seed) == best  # what filter passes when it chooses is what prioritize gives 10
     others = sorted((raw[name], s) for name, s in scores.items() if name != best)
     assert [s for _, s in others] == sorted(s for _, s in others)  # a better raw score never ranks lower
 
