@@ -39,8 +39,8 @@ each unit of GPU memory; the node's idle memory beyond what its free cores can f
 (``stranded``), and a placement pays ``BALANCE_WEIGHT`` times what it adds to that: a CPU-heavy or CPU-only
 pod on a node with few cores left pays, a pod with fewer cores per unit than the workload's pays nothing and
 gains nothing. Letting frugal pods gain what they lower it by attracted them to every node the rate calls
-starved: when the rate is above the cores per GPU of the common nodes (the learned rate times 1.25 on the
-openb traces: all the G2 nodes), they broke whole 8-GPU nodes and multigpu30 went from 3.2 to 10.8.
+starved: with the rate above the cores per GPU of the common nodes (the learned rate times 1.25 on the
+openb traces: all the G2 nodes), pods failed from 75% arrival on and multigpu30 went from 3.2 to 10.8.
 
 The demand is learned from the pods seen (the whole decayed histogram, since constrained shapes are many and
 small; the lookahead's target is the whole histogram too, see ``__init__``); the capacity per model comes from
