@@ -1,4 +1,5 @@
-"""fgd-scarcity: model pressure from the learned demand and the cluster's capacity, and where it sends pods."""
+"""fgd-scarcity: model pressure from the learned demand and the cluster's capacity, the node-size reserve, the
+balance of cores to GPUs, and where they send pods."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ from gpushare.model import GPU, Node, gpu_capacity
 from gpushare.policies import choose_node, make_policy, node_priority
 from gpushare.policies.base import ClusterAware, InventoryAware
 from gpushare.policies.lookahead import FragmentationLookahead
-from gpushare.policies.scarcity import ScarcityLookahead, copies, demand_beyond, model_pressure
+from gpushare.policies.scarcity import (
+    ScarcityLookahead,
+    copies,
+    cores_per_unit,
+    demand_beyond,
+    model_pressure,
+    stranded,
+)
 from gpushare.policies.workload import Shape, WorkloadDistribution
 
 T4_ONLY = ModelRule(("t4",))
@@ -50,7 +58,7 @@ def test_flexible_pods_leave_the_scarce_model_to_the_pods_that_need_it() -> None
     assert chosen is not None and chosen[0].name == "t4"
 
 
-def test_without_constrained_demand_or_inventory_it_decides_as_fgd_lookahead() -> None:
+def test_without_constrained_demand_or_starved_nodes_it_decides_as_fgd_lookahead() -> None:
     workload = WorkloadDistribution()
     workload.seed({Shape(1, 500, 2000): 3.0, Shape(2, 1000, 8000): 1.0, Shape(0, 0, 6000): 1.0}, observations=50)
     nodes = [Node("a", [GPU(0, "G2", 1000, used=300, holders=1), GPU(1, "G2", 1000)], cpu_milli=32000),
@@ -184,3 +192,34 @@ def test_copies_count_gpus_and_cpu_and_the_chance_of_demand_beyond_is_poisson() 
         (1 - math.exp(-2) * (1 + 2 + 2), 1 - math.exp(-2) * (1 + 2), 1 - math.exp(-2), 1.0, 1.0))
     assert demand_beyond(0.0, 1, depth=2) == (0.0, 1.0)
     assert demand_beyond(900.0, 10) == pytest.approx((1.0,)), "a large mean must not underflow"
+
+
+def test_a_cpu_heavy_pod_is_kept_off_a_node_whose_gpus_it_would_leave_without_cores() -> None:
+    # The GPU work to come brings 8 millicores per unit: a 4-GPU node with 32 cores feeds all its GPUs, until a
+    # 12-core pod takes one GPU and leaves 20 cores for three (2,500 units fed, 500 stranded).
+    light, heavy = Shape(1, 1000, 4000), Shape(1, 1000, 12000)
+    workload = WorkloadDistribution(coverage=1.0)
+    workload.seed({light: 1.0, heavy: 1.0}, observations=100)
+    assert cores_per_unit(workload.histogram()) == pytest.approx(8.0)
+    starved = Node("starved", [GPU(i, "V100M16", 1000) for i in range(4)], cpu_milli=32000)
+    rich = Node("rich", [GPU(i, "G3", 1000) for i in range(8)], cpu_milli=128000)
+    policy, lookahead = ScarcityLookahead(workload), FragmentationLookahead(workload)
+    pod = PodRequest(per_gpu=1000, gpu_count=1, cpu_milli=12000)
+    # Shape by shape the lookahead sees no difference, and node priority sends the pod to the starved node.
+    seeds = [s for s in range(50) if choose_node([starved, rich], pod, lookahead, s)[0].name == "starved"]  # type: ignore[index]
+    assert seeds
+    for seed in seeds:
+        chosen = choose_node([starved, rich], pod, policy, seed)
+        assert chosen is not None and chosen[0].name == "rich"
+    # A pod with fewer cores per unit than the workload's neither pays nor gains, on a starved node as elsewhere.
+    frugal = PodRequest(per_gpu=1000, gpu_count=1, cpu_milli=4000)
+    assert policy.evaluate(starved, frugal) == lookahead.evaluate(starved, frugal)
+
+
+def test_stranded_memory_is_the_idle_memory_the_free_cores_cannot_feed() -> None:
+    assert stranded(3000, 20000, 8.0) == pytest.approx(500.0)
+    assert stranded(3000, 32000, 8.0) == 0.0
+    assert stranded(3000, 0, 0.0) == 0.0, "without GPU work to come nothing is stranded"
+    # CPU-only shapes feed no GPU memory, so they are left out of the rate.
+    assert cores_per_unit({Shape(1, 500, 6000): 0.5, Shape(0, 0, 32000): 0.5}) == pytest.approx(12.0)
+    assert cores_per_unit({Shape(0, 0, 32000): 1.0}) == 0.0

@@ -1,4 +1,5 @@
-"""The lookahead that also knows which GPU models are scarce for the pods that can run only on them.
+"""The lookahead that also knows which GPU models are scarce for the pods that can run only on them, which
+nodes a large shape needs, and which nodes are short of cores for their GPUs.
 
 Replayed on the openb traces with model-constrained pods, both ``fgd`` and ``fgd-lookahead`` lose most of
 their unallocated GPU to constrained pods that fail while a fifth of the G2 GPUs are still free: pods that
@@ -27,6 +28,19 @@ still take; with D ~ Poisson(that) and K copies the cluster can still host, a pl
 capacity for a copy pays the copy's GPU memory x P(D >= K) (then P(D >= K - 1) for a second copy, ...): the
 chance that the copy lost was needed. Pricing every copy taken instead, whatever was left, lost as much on
 1-GPU pods as it saved on 8-GPU ones.
+
+Last, the cores. The lookahead asks, shape by shape, how many copies of each shape the node's free CPU
+allows; on a node with few cores per GPU (openb's 4-GPU V100M16 nodes with 32 cores, 8 per GPU) most idle
+memory is already fragment for the CPU-heavy shapes, and any pod that takes a GPU there shrinks it, whatever
+cores it takes with it. So CPU-heavy pods fill those nodes and leave their other GPUs without cores: on
+multigpu30, seed 47, 14.5 idle GPUs on them at 100% arrival against 4.2 under ``fgd``. The GPU work still to
+come brings, on average, ``cores_per_unit`` (its CPU over its GPU memory, from the learned histogram) with
+each unit of GPU memory; the node's idle memory beyond what its free cores can feed at that rate is stranded
+(``stranded``), and a placement pays ``BALANCE_WEIGHT`` times what it adds to that: a CPU-heavy or CPU-only
+pod on a node with few cores left pays, a pod with fewer cores per unit than the workload's pays nothing and
+gains nothing. Letting frugal pods gain what they lower it by attracted them to every node the rate calls
+starved: with the rate above the cores per GPU of the common nodes (the learned rate times 1.25 on the
+openb traces: all the G2 nodes), pods failed from 75% arrival on and multigpu30 went from 3.2 to 10.8.
 
 The demand is learned from the pods seen (the whole decayed histogram, since constrained shapes are many and
 small; the lookahead's target is the whole histogram too, see ``__init__``); the capacity per model comes from
@@ -74,6 +88,11 @@ def model_pressure(histogram: Mapping[Shape, float], capacity: Mapping[str, int]
 
 
 WHOLE_WORKLOAD = 1.0
+# What a unit of GPU memory stranded for want of cores costs, in units of fragmentation. One unit undercharges:
+# the lookahead credits a pod on a starved node with the idle memory it takes, which is fragment for the
+# CPU-heavy shapes already, whatever cores the pod takes, and the balance must outweigh that credit (the nine
+# shared traces, seeds 42-45: mean 4.65 at 1, 4.61 at 2; docs/policies.md).
+BALANCE_WEIGHT = 2.0
 # A shape is confined by node size when fewer than this share of the nodes whose GPUs could hold it have the
 # CPU for it as well (the openb trace's 8-GPU, 120-core pods: 39 of 617 nodes).
 CONFINED_SHARE = 0.5
@@ -116,6 +135,19 @@ def demand_beyond(mean: float, hosts: int, depth: int = 1) -> tuple[float, ...]:
                  for i in range(depth))
 
 
+def cores_per_unit(histogram: Mapping[Shape, float]) -> float:
+    """The CPU (millicores) that the GPU work of ``histogram`` brings per unit of GPU memory; 0 without any.
+    CPU-only shapes are left out: they use no GPU memory, so it is not theirs to feed."""
+    units = sum(p * s.gpu_count * s.per_gpu for s, p in histogram.items())
+    cpu = sum(p * s.cpu_milli for s, p in histogram.items() if s.gpu_count)
+    return cpu / units if units > 0 else 0.0
+
+
+def stranded(idle: int, cpu_free: int, per_unit: float) -> float:
+    """The idle GPU memory that ``cpu_free`` millicores cannot feed at ``per_unit`` millicores per unit."""
+    return max(0.0, idle - cpu_free / per_unit) if per_unit > 0 else 0.0
+
+
 # What decides whether a node may host a shape at all: its CPU and its healthy GPUs' models and sizes.
 _Size = tuple[int, tuple[tuple[str, int], ...]]
 
@@ -140,14 +172,16 @@ class _Reserve:
     hosts: frozenset[str]
 
 
-# Per model the charge per unit taken; per reserve that may be needed, its price per copy lost (next, then after).
-_Prices = tuple[dict[str, float], tuple[tuple[_Reserve, tuple[float, ...]], ...]]
+# Per model the charge per unit taken; per reserve that may be needed, its price per copy lost (next, then after);
+# the millicores the GPU work to come brings per unit of GPU memory.
+_Prices = tuple[dict[str, float], tuple[tuple[_Reserve, tuple[float, ...]], ...], float]
 
 
 class ScarcityLookahead(FragmentationLookahead):
     """``fgd-lookahead`` plus the cost of taking capacity that some expected demand has no alternative to:
     GPUs of a model that constrained demand needs, while that model has no more free than the demand still to
-    come, and the last nodes that can hold a shape confined by node size."""
+    come, and the last nodes that can hold a shape confined by node size; and the cost of leaving GPUs without
+    the cores to use them."""
 
     name = "fgd-scarcity"
 
@@ -169,10 +203,11 @@ class ScarcityLookahead(FragmentationLookahead):
         self._reserves: tuple[_Reserve, ...] = ()
         self._hosted: list[dict[str, int]] = []  # per reserve: host node -> copies it could still take
         self._mean_units = 0.0
+        self._cores_per_unit = 0.0
         self._dirty = True
         # What placements pay, derived from the above: per model, and per reserve the price of each copy lost;
         # one attribute, replaced whole, so that an evaluation never reads one half old and the other new.
-        self._prices: _Prices = ({}, ())
+        self._prices: _Prices = ({}, (), 0.0)
         # The extender observes from one thread while bind may evaluate in another.
         self._lock = threading.Lock()
 
@@ -235,6 +270,7 @@ class ScarcityLookahead(FragmentationLookahead):
             histogram = self.workload.histogram()
             self._pressure = model_pressure(histogram, self._capacity)
             self._mean_units = sum(p * s.gpu_count * s.per_gpu for s, p in histogram.items())
+            self._cores_per_unit = cores_per_unit(histogram)
             self._reserves = self._confined(histogram)
             self._hosted = [{n: copies(self._nodes[n], r.shape) for n in r.hosts} for r in self._reserves]
         elif not self._dirty:
@@ -263,7 +299,7 @@ class ScarcityLookahead(FragmentationLookahead):
         """Per model, the pressure while its free memory is no more than the constrained demand still to come
         (its pressure times its capacity times the cluster's free share: if the rest fills at the same pace);
         per reserve, the chance that each of the next copies lost was needed, the demand still to come being
-        its probability times the pods the free memory can still take."""
+        its probability times the pods the free memory can still take; and the cores per unit of GPU memory."""
         total = sum(self._capacity.values())
         free = sum(self._free.get(m, 0) for m in self._capacity)
         charge = {m: r for m, r in self._pressure.items()
@@ -277,11 +313,11 @@ class ScarcityLookahead(FragmentationLookahead):
             # Priced while the next copy lost may be needed (the copies after it are likelier still).
             if price[0]:
                 prices.append((reserve, price))
-        return charge, tuple(prices)
+        return charge, tuple(prices), self._cores_per_unit
 
     def displacement(self, node: Node, request: PodRequest, taken: dict[int, int]) -> int:
         self._refresh()
-        charge, reserves = self._prices
+        charge, reserves, per_unit = self._prices
         cost = 0.0
         for gpu in node.gpus:
             units = taken.get(gpu.index)
@@ -292,4 +328,8 @@ class ScarcityLookahead(FragmentationLookahead):
                 continue
             lost = copies(node, reserve.shape) - copies(node, reserve.shape, request.cpu_milli, taken)
             cost += reserve.units * sum(price[:lost])
+        if node.cpu_milli:
+            idle, cpu_free = sum(g.free for g in node.gpus), node.cpu_milli - node.cpu_used
+            after = stranded(idle - sum(taken.values()), cpu_free - request.cpu_milli, per_unit)
+            cost += BALANCE_WEIGHT * max(0.0, after - stranded(idle, cpu_free, per_unit))
         return round(cost * PRECISION)
