@@ -16,7 +16,7 @@ RAW_SCORES = st.dictionaries(NODE_NAMES, st.sampled_from([-3.5, 0.0, 0.25, 1.0, 
 
 @settings(max_examples=300, deadline=None)
 @given(RAW_SCORES, st.integers(0, 3))
-def test_every_node_gets_one_score_and_only_the_favourite_gets_ten_the_node_filter_chooses(raw: dict[str, float], seed: int) -> None:
+def test_every_node_gets_one_score_and_only_the_favourite_gets_ten(raw: dict[str, float], seed: int) -> None:
     answer = orjson.loads(host_priority_list(extender_scores(raw, seed)))
     scores = {entry["Host"]: entry["Score"] for entry in answer}
     assert len(answer) == len(scores) == len(raw) and scores.keys() == raw.keys()
