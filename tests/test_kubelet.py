@@ -116,8 +116,9 @@ class Rig:
         self.core.create_namespaced_binding("default", body, _preload_content=False)
 
     def running(self, name: str) -> dict[str, Any]:
+        # The kubelet retries a failed admission with backoff; on a loaded machine that takes more than 15 s.
         pod: dict[str, Any] = eventually(lambda: (p := self.pod(name))["status"].get("phase") == "Running" and p,
-                                         f"{name} Running")
+                                         f"{name} Running", timeout_s=45)
         return pod
 
     def env(self, name: str, container: str = "c") -> dict[str, str]:
@@ -368,11 +369,16 @@ def test_allocate_refuses_devices_that_are_not_the_plugins(node: Rig) -> None:
 
 def test_allocate_refuses_a_pod_placed_in_another_unit(node: Rig) -> None:
     node.create("placed-in-mib", {"c": 2})
-    node.place("placed-in-mib", (0,), unit=MemoryUnit.MiB)  # an extender that believed this node counts MiB
-    with grpc.insecure_channel(f"unix://{node.directory / SOCKET_NAME}") as channel, \
-            pytest.raises(grpc.RpcError) as caught:
-        rpc.DevicePluginStub(channel).Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(
-            devices_ids=[f"{UUIDS[0]}-_-0", f"{UUIDS[0]}-_-1"])]), timeout=5)
+    # The test plays the kubelet's Allocate itself, once the plugin's watch shows the pod placed (a loaded machine
+    # may deliver it well after the Binding); the simulated kubelet, paused, does not race it.
+    with node.kubelet.paused():
+        node.place("placed-in-mib", (0,), unit=MemoryUnit.MiB)  # an extender that believed this node counts MiB
+        eventually(lambda: any(p.name == "placed-in-mib" and p.node_name == NODE for p in node.plugin.cache.pods()),
+                   "the plugin seeing the pod placed")
+        with grpc.insecure_channel(f"unix://{node.directory / SOCKET_NAME}") as channel, \
+                pytest.raises(grpc.RpcError) as caught:
+            rpc.DevicePluginStub(channel).Allocate(pb.AllocateRequest(container_requests=[
+                pb.ContainerAllocateRequest(devices_ids=[f"{UUIDS[0]}-_-0", f"{UUIDS[0]}-_-1"])]), timeout=5)
     assert ("Pod default/placed-in-mib was placed by the gpushare extender in MiB of GPU memory, but node "
             f"{NODE}'s device plugin advertises GiB; gpushare refuses to convert") in str(caught.value.details())
     assert node.pod("placed-in-mib")["metadata"]["annotations"][ANN_ASSIGNED] == "false"
