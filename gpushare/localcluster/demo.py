@@ -75,13 +75,13 @@ def demo_pods() -> list[dict[str, Any]]:
         pod("notebook-1", {"jupyter": 4}),
         pod("notebook-2", {"jupyter": 4}),
         pod("inference-t4", {"server": 6}, {contract.ANN_GPU_MODEL: "Tesla-T4"}),
-        # Kept off the A100s, which the preemption act below fills to the last GiB.
+        # These two are kept off the A100s, which the preemption act below fills to the last GiB.
         pod("trainer-pair", {"trainer": 12, "metrics": 2}, {contract.HAMI_NOUSE_GPUTYPE: "A100"}),
         pod("llm-2gpu", {"worker": 120}, {contract.ANN_GPU_COUNT: "2",
                                           contract.ANN_GPU_MODEL: "NVIDIA-A100-SXM4-80GB"}),
         pod("bench-exclusive", {"bench": 16}, {contract.ANN_EXCLUSIVE: "true",
                                                contract.HAMI_USE_GPUTYPE: "V100"}),
-        pod("shared-compute", {"app": 8}, {contract.ANN_COMPUTE: "30"}),
+        pod("shared-compute", {"app": 8}, {contract.ANN_COMPUTE: "30", contract.HAMI_NOUSE_GPUTYPE: "A100"}),
         pod("too-big", {"giant": 200}),
         pod("cpu-only", {"web": 0}),
     ]
@@ -221,9 +221,12 @@ def run_demo(workdir: Path, policy: str) -> None:
               "and a simulated kubelet\n")
         loop = stack.enter_context(SchedulerLoop(api, extender + "/gpushare-scheduler"))
         loop.start()
+        # One pod at a time, each settled before the next, as a user applying manifests one by one: kube-scheduler
+        # binds in the background, so pods submitted in a burst are placed in an order and against bind progress
+        # that vary from run to run, and so would the story the acts below tell.
         for manifest in demo_pods():
             core.create_namespaced_pod("default", manifest)
-        _wait("the pods to settle", lambda: _settled(core), components, timeout_s=90)
+            _wait(f"pod {manifest['metadata']['name']} to settle", lambda: _settled(core), components, timeout_s=90)
         _report(core, kubelets)
         print(_inspect(kubeconfig))
         print(_inspect(kubeconfig, "-d"))
