@@ -14,7 +14,7 @@ from gpushare.cache.fitindex import shape_key
 from gpushare.cache.state import ClusterCache
 from gpushare.contract import PodRequest
 from gpushare.model import Node
-from gpushare.policies import extender_scores, favourite
+from gpushare.policies import Policy, extender_scores, favourite
 from gpushare.policies.base import (
     MAX_EXTENDER_SCORE,
     ClusterAware,
@@ -45,13 +45,12 @@ class Verbs:
 
     def filter(self, args: ExtenderArgs, max_reads: int | None = None) -> dict[str, Any] | None:
         """ExtenderFilterResult; with ``choose_in_filter``, only the policy's favourite of the nodes a GPU pod fits
-        passes.
-        With ``max_reads``, ``None`` when choosing it needs more nodes scored afresh than that (as ``prioritize``);
-        asking again without it gives the answer (what was learned from the pod is learned once)."""
+        passes. With ``max_reads``, ``None`` when choosing it needs more nodes scored afresh than that (as
+        ``prioritize``); asking again without it gives the answer (what was learned from the pod is learned once)."""
         names = args.names
         try:
             request = self.cache.resolve(self.requests.request(args.pod))
-            self.book.for_request(request)  # an unknown policy name is the pod's error, before anything counts
+            policy = self.book.for_request(request)  # an unknown policy name is the pod's error, before anything counts
         except ValueError as exc:  # a RequestError, or a policy the registry does not have
             check_node_names(self.cache.unknown(names))
             return filter_result(args, None, {}, {}, str(exc))
@@ -76,10 +75,10 @@ class Verbs:
         # unknown ones means a real node could.
         if outcome.passed or len(outcome.failed) > len(unknown):
             self.book.observe_once(args.pod.uid or args.pod.key, request)
-        return self._chosen(args, request, outcome.passed, outcome.failed, outcome.unresolvable, max_reads)
+        return self._chosen(args, policy, request, outcome.passed, outcome.failed, outcome.unresolvable, max_reads)
 
-    def _chosen(self, args: ExtenderArgs, request: PodRequest, passed: list[str], failed: dict[str, str],
-                unresolvable: dict[str, str], max_reads: int | None) -> dict[str, Any] | None:
+    def _chosen(self, args: ExtenderArgs, policy: Policy, request: PodRequest, passed: list[str],
+                failed: dict[str, str], unresolvable: dict[str, str], max_reads: int | None) -> dict[str, Any] | None:
         """The filter's answer, passing only the favourite of ``passed`` when the extender chooses in filter.
 
         kube-scheduler skips prioritize when one node passed, so a GPU pod costs one call before its bind
@@ -87,7 +86,7 @@ class Verbs:
         The nodes left out are neither failed nor unresolvable: the pod has a node, so nothing reports them.
         """
         if self.choose_in_filter and len(passed) > 1:
-            scores = self._fitting_scores(request, passed, max_reads)
+            scores = self._fitting_scores(policy, request, passed, max_reads)
             if scores is None:
                 return None
             if scores:  # the policy may fail on a node that fits (logged there): choose among the others
@@ -122,7 +121,7 @@ class Verbs:
         names = args.names
         try:
             wanted = self.cache.resolve(self.requests.request(args.pod))
-            self.book.for_request(wanted)
+            policy = self.book.for_request(wanted)
         except ValueError:  # filter has already told kube-scheduler why
             check_node_names(self.cache.unknown(names))
             return {0: names}
@@ -133,7 +132,7 @@ class Verbs:
             return {0: [name for name in names if name != planned],
                     MAX_EXTENDER_SCORE: [planned] if planned in names else []}
 
-        fitting = self._fitting_scores(wanted, names, max_reads)
+        fitting = self._fitting_scores(policy, wanted, names, max_reads)
         if fitting is None:
             return None
         if len(fitting) < len(names):
@@ -144,11 +143,11 @@ class Verbs:
             scores.setdefault(0, []).extend(filterfalse(fitting.__contains__, names))
         return scores
 
-    def _fitting_scores(self, wanted: PodRequest, names: list[str], max_reads: int | None) -> dict[str, float] | None:
-        """The raw score of each of ``names`` the pod fits on, with its policy; with ``max_reads``, ``None`` when
-        more nodes than that must be evaluated afresh (see ``ClusterCache.evaluate_memoised``) or copied for the
-        policy to follow."""
-        policy = self.book.for_request(wanted)
+    def _fitting_scores(self, policy: Policy, wanted: PodRequest, names: list[str], max_reads: int | None
+                        ) -> dict[str, float] | None:
+        """The raw score of each of ``names`` the pod fits on, with ``policy`` (the pod's); with ``max_reads``,
+        ``None`` when more nodes than that must be evaluated afresh (see ``ClusterCache.evaluate_memoised``) or
+        copied for the policy to follow."""
         if follows_inventory(policy):
             policy.observe_inventory(self.cache.gpu_capacity())
         policy_name = policy.name  # the guard below narrows ``policy`` to the protocol, which has no name
