@@ -22,8 +22,11 @@ served binds and watches, and that wait was counted as the extender's time.
 
 Reported per row: pods/s from the loop's start until 99% of the pods were bound (a few pods that fit nowhere
 must not set the pace; "bound" says how many were bound in the end), the ratio to the floor of the same run, the
-extender's time per pod (filter + prioritize as the loop saw it: median and p99), bind latency p99, the
-extender's CPU seconds per pod (bind included, from /proc) and its resident memory at the end.
+extender's time per pod (filter + prioritize as the loop saw it: median and p99), bind latency p99, the mean
+time the extender's filter handler took by its own clock (its /metrics histogram: the rest of the loop's figure
+is the HTTP round trip and waiting for a core), the extender's CPU seconds per pod (bind included, from /proc)
+and its resident memory at the end, and the CPU per pod of the loop's process and of the API server's, so that
+what the extender adds to the machine can be read beside what kube-scheduler and the API server spend.
 Progress goes to stderr; the table to stdout.
 """
 
@@ -47,6 +50,7 @@ from typing import Any
 
 import httpx
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 from tabulate import tabulate
 
 from bench import openb
@@ -85,8 +89,11 @@ class Row:
     scheduled: int
     cycle_ms: tuple[float, float] | None  # filter + prioritize as the loop measured it: median, p99
     bind_p99_ms: float | None
+    filter_answer_ms: float | None  # the mean time the extender's filter handler took, by its own clock
     cpu_ms_per_pod: float | None
     rss_mib: float | None
+    loop_cpu_ms_per_pod: float
+    api_cpu_ms_per_pod: float
 
 
 def progress(message: str) -> None:
@@ -181,6 +188,26 @@ def proc_rss_mib(pid: int) -> float:
     return 0.0
 
 
+def filter_answer_ms(url: str) -> float | None:
+    """The mean of the extender's filter request durations (its /metrics histogram), in milliseconds."""
+    totals = {sample.name: sample.value
+              for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text)
+              if family.name == "gpushare_extender_request_duration_seconds" for sample in family.samples
+              if sample.labels.get("verb") == "filter" and sample.name.endswith(("_sum", "_count"))}
+    count = totals.get("gpushare_extender_request_duration_seconds_count", 0.0)
+    return 1000 * totals["gpushare_extender_request_duration_seconds_sum"] / count if count else None
+
+
+def cpu_since(api_pid: int, start: tuple[float, float] | None = None) -> tuple[float, float]:
+    """CPU seconds of this process (the scheduler loop's) and of the API server: so far, or since ``start``."""
+    now = time.process_time(), proc_cpu_s(api_pid)
+    return now if start is None else (now[0] - start[0], now[1] - start[1])
+
+
+def per_pod_ms(seconds: tuple[float, float], pods: int) -> tuple[float, float]:
+    return 1000 * seconds[0] / max(pods, 1), 1000 * seconds[1] / max(pods, 1)
+
+
 @contextmanager
 def child(command: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A process of this benchmark's, its output in ``log``; terminated (killed after 15 s) on the way out."""
@@ -247,15 +274,19 @@ def measure(nodes: int, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]]
     """The floor, then one row per (policy, node choice) of ``runs``."""
     rows = []
     progress(f"{nodes} nodes: starting the local API server")
-    with api_server(nodes, workdir) as (kubeconfig, _):
+    with api_server(nodes, workdir) as (kubeconfig, api_pid):
         configuration = load_configuration(kubeconfig)
         api = client.ApiClient(configuration)
         core = client.CoreV1Api(api)
         kube = Kube.from_api_client(api)
         progress(f"{nodes} nodes: floor (no extender), creating {len(shapes)} pods")
         create_pods(core, shapes, "floor")
+        before = cpu_since(api_pid)
         seconds, counted, _ = run_loop(client.ApiClient(configuration), None, len(shapes), seed, "floor")
-        rows.append(Row("floor: no extender", counted / seconds, bound_count(kube), None, None, None, None))
+        spent = cpu_since(api_pid, before)
+        done = bound_count(kube)
+        rows.append(Row("floor: no extender", counted / seconds, done, None, None, None, None, None,
+                        *per_pod_ms(spent, done)))
         delete_pods(kube, core)
         for policy, choice in runs:
             what = f"{policy}, chosen in {choice}"
@@ -263,17 +294,18 @@ def measure(nodes: int, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]]
             log = workdir / f"extender-{nodes}-{policy}-{choice}.log"
             with extender(kubeconfig, policy, choice, seed, log) as (url, pid):
                 create_pods(core, shapes, f"{policy}-{choice}")
-                cpu_before = proc_cpu_s(pid)
+                cpu_before, before = proc_cpu_s(pid), cpu_since(api_pid)
                 seconds, counted, loop = run_loop(client.ApiClient(configuration), url + "/gpushare-scheduler",
                                                   len(shapes), seed, what)
-                cpu = proc_cpu_s(pid) - cpu_before
+                cpu, spent = proc_cpu_s(pid) - cpu_before, cpu_since(api_pid, before)
                 rss = proc_rss_mib(pid)
+                answered_ms = filter_answer_ms(url)
                 done = bound_count(kube)
             cycles = loop.stats.extender_ms
             rows.append(Row(what, counted / seconds, done,
                             (statistics.median(cycles), percentile(cycles, 0.99)) if cycles else None,
                             percentile(loop.stats.bind_ms, 0.99) if loop.stats.bind_ms else None,
-                            1000 * cpu / max(done, 1), rss))
+                            answered_ms, 1000 * cpu / max(done, 1), rss, *per_pod_ms(spent, done)))
             delete_pods(kube, core)
     return rows
 
@@ -285,10 +317,13 @@ def table(nodes: int, rows: Sequence[Row]) -> str:
         cycle = f"{row.cycle_ms[0]:.1f} / {row.cycle_ms[1]:.1f}" if row.cycle_ms else "-"
         body.append([row.setup, f"{row.pods_per_s:.0f}", f"{row.pods_per_s / floor:.2f}", row.scheduled, cycle,
                      "-" if row.bind_p99_ms is None else f"{row.bind_p99_ms:.1f}",
+                     "-" if row.filter_answer_ms is None else f"{row.filter_answer_ms:.2f}",
                      "-" if row.cpu_ms_per_pod is None else f"{row.cpu_ms_per_pod:.2f}",
-                     "-" if row.rss_mib is None else f"{row.rss_mib:.0f}"])
+                     "-" if row.rss_mib is None else f"{row.rss_mib:.0f}",
+                     f"{row.loop_cpu_ms_per_pod:.2f}", f"{row.api_cpu_ms_per_pod:.2f}"])
     headers = ["setup", "pods/s", "x floor", "bound", "filter+prioritize ms (median / p99)", "bind p99 ms",
-               "extender CPU ms/pod", "extender RSS MiB"]
+               "filter handler ms (mean)",
+               "extender CPU ms/pod", "extender RSS MiB", "loop CPU ms/pod", "API server CPU ms/pod"]
     return f"{nodes} nodes x {NODE_GPUS} GPUs\n" + tabulate(body, headers=headers, tablefmt="github")
 
 

@@ -39,6 +39,7 @@ from tabulate import tabulate
 from bench import openb
 from bench.baselines import PaperBestFit
 from bench.engine import GroupedCluster
+from gpushare.contract import PodRequest
 from gpushare.model import Node, gpu_capacity
 from gpushare.policies import DEFAULT_POLICY, Policy, make_policy, policy_names
 from gpushare.policies.base import follows_cluster, follows_inventory
@@ -101,12 +102,27 @@ def build_policy(name: str, trace_pods: Sequence[openb.TracePod], nodes: Sequenc
     return policy
 
 
-def replay(nodes: list[Node], pods: Sequence[openb.TracePod], policy: Policy, seed: int) -> Iterator[Decision]:
-    """Place the pods one by one, as the extender would, and yield each decision; ``nodes`` are updated."""
-    return decide(GroupedCluster(nodes, policy, seed), pods)
+def replay(nodes: list[Node], pods: Sequence[openb.TracePod], policy: Policy, seed: int, *,
+           shown_as_by_kube_scheduler: bool = False) -> Iterator[Decision]:
+    """Place the pods one by one, as the extender would, and yield each decision; ``nodes`` are updated.
+
+    Every pod is shown to the policy, which learns the workload from it; with ``shown_as_by_kube_scheduler``,
+    only the pods kube-scheduler would ask the extender about (``kube_scheduler_asks``), as over HTTP.
+    """
+    return decide(GroupedCluster(nodes, policy, seed), pods, shown_as_by_kube_scheduler)
 
 
-def decide(cluster: GroupedCluster, pods: Sequence[openb.TracePod]) -> Iterator[Decision]:
+def kube_scheduler_asks(nodes: Sequence[Node], request: PodRequest) -> bool:
+    """Whether kube-scheduler's own checks pass some node, so that it calls the extender for the pod at all.
+
+    It counts CPU, memory and ``aliyun.com/gpu-mem`` per node (the GPU memory of all the node's GPUs together,
+    not per GPU); a pod no node passes is unschedulable before any extender hears of it.
+    """
+    return any(n.fits_host_resources(request) and sum(g.free for g in n.gpus) >= request.total for n in nodes)
+
+
+def decide(cluster: GroupedCluster, pods: Sequence[openb.TracePod],
+           shown_as_by_kube_scheduler: bool = False) -> Iterator[Decision]:
     policy, nodes = cluster.policy, cluster.nodes
     # A policy that weighs what the cluster has left sees every node once, then each node a pod changed.
     watcher = policy if follows_cluster(policy) else None
@@ -114,7 +130,8 @@ def decide(cluster: GroupedCluster, pods: Sequence[openb.TracePod]) -> Iterator[
         watcher.observe_nodes(nodes)
     for pod in pods:
         request = pod.request()
-        policy.observe(request)
+        if not shown_as_by_kube_scheduler or kube_scheduler_asks(nodes, request):
+            policy.observe(request)
         choice = cluster.choose(request)
         if choice is None:
             yield Decision(pod.name, None, ())

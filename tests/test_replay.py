@@ -108,6 +108,36 @@ def test_the_fast_replay_decides_exactly_like_choose_node(trace: Path, name: str
         (n.cpu_used, [g.used for g in n.gpus]) for n in nodes]
 
 
+class RecordingBinpack(Binpack):
+    """Binpack that remembers which pods' requests it was shown."""
+
+    def __init__(self) -> None:
+        self.shown: list[PodRequest] = []
+
+    def observe(self, request: PodRequest) -> None:
+        self.shown.append(request)
+
+
+def test_the_policy_learns_only_from_pods_kube_scheduler_asks_the_extender_about() -> None:
+    # One node, two GPUs of 1000 units; 600 used on each leaves 800 free in all, no GPU with 700.
+    nodes = openb.build_nodes([openb.TraceNode("openb-node-0000", 16000, 65536, 2, "T4")])
+    nodes[0].place("filler", PodRequest(per_gpu=600, gpu_count=2, cpu_milli=1000), (0, 1))
+    per_node = openb.TracePod("per-node", 1000, 1024, 1, 700)  # 800 free on the node: kube-scheduler asks
+    too_much = openb.TracePod("too-much", 1000, 1024, 1, 900)  # more than the node's 800: it never asks
+    cpu_short = openb.TracePod("cpu-short", 32000, 1024, 0, 0)  # more CPU than the node has
+    assert [replay.kube_scheduler_asks(nodes, p.request()) for p in (per_node, too_much, cpu_short)] == [
+        True, False, False]
+
+    shown = RecordingBinpack()
+    decisions = list(replay.replay(nodes, [per_node, too_much, cpu_short], shown, 1,
+                                   shown_as_by_kube_scheduler=True))
+    assert [d.node for d in decisions] == [None, None, None]  # no GPU has 700 free
+    assert shown.shown == [per_node.request()]
+    every = RecordingBinpack()
+    list(replay.replay(nodes, [per_node, too_much, cpu_short], every, 1))
+    assert every.shown == [p.request() for p in (per_node, too_much, cpu_short)]
+
+
 def test_trace_pods_become_the_requests_the_extender_would_parse(trace: Path) -> None:
     for pod in openb.load_pods(trace):
         request = pod.request()
