@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import http.client
 import logging
 import random
 import ssl
@@ -58,7 +59,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -74,6 +74,7 @@ from gpushare.disruption import Budget, Candidate, violating
 from gpushare.kube.api import Kube, KubeError, Obj
 from gpushare.kube.convert import budget_info, pod_info
 from gpushare.kube.informer import Informer
+from gpushare.localcluster.extender_client import ExtenderClient
 from gpushare.quantity import QuantityError, capacity_amount, to_int
 
 log = logging.getLogger(__name__)
@@ -248,10 +249,7 @@ class SchedulerLoop:
         self.percentage_of_nodes_to_score = percentage_of_nodes_to_score
         self._rng = random.Random(seed)
         # ``tls``: kube-scheduler's tlsConfig, the CA it trusts and the client certificate it presents.
-        # urllib3 rather than httpx: the driver's own cost per call is counted in the extender's latency, and
-        # urllib3 spends about half of httpx's CPU per request (kube-scheduler's Go client spends far less still).
-        self._http = urllib3.PoolManager(maxsize=MAX_BINDS_IN_FLIGHT + 1, block=False, retries=False,
-                                         timeout=urllib3.Timeout(total=EXTENDER_TIMEOUT_S), ssl_context=tls)
+        self._extender = (ExtenderClient(self._url, EXTENDER_TIMEOUT_S, tls) if self._url is not None else None)
         self._lock = threading.Lock()
         self._nodes: dict[str, _HostNode] = {}
         self._node_order: list[str] = []
@@ -297,7 +295,8 @@ class SchedulerLoop:
             self._pod_informer.stop()
             self._node_informer.stop()
             self._watching = False
-        self._http.clear()
+        if self._extender is not None:
+            self._extender.close()
 
     def __enter__(self) -> SchedulerLoop:
         return self
@@ -567,16 +566,17 @@ class SchedulerLoop:
 
     def _call(self, verb: str, payload: Any) -> tuple[Any, str]:
         """POST a verb; the decoded answer, or an error sentence as kube-scheduler would report it."""
+        if self._extender is None:
+            return None, f"the {verb} call has no extender to go to"
         try:
-            response = self._http.request("POST", f"{self._url}/{verb}", body=orjson.dumps(payload),
-                                          headers={"Content-Type": "application/json"})
-        except urllib3.exceptions.HTTPError as exc:
-            return None, f"the extender's {verb} call failed: {exc}"
-        if response.status != 200:
-            text = response.data.decode(errors="replace").strip()
-            return None, f"the extender's {verb} call answered HTTP {response.status}: {text}"
+            status, data = self._extender.post(verb, orjson.dumps(payload))
+        except (OSError, http.client.HTTPException) as exc:
+            return None, f"the extender's {verb} call failed: {exc!r}"
+        if status != 200:
+            text = data.decode(errors="replace").strip()
+            return None, f"the extender's {verb} call answered HTTP {status}: {text}"
         try:
-            return orjson.loads(response.data), ""
+            return orjson.loads(data), ""
         except orjson.JSONDecodeError:
             return None, f"the extender's {verb} answer is not JSON"
 
