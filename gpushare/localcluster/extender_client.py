@@ -29,7 +29,7 @@ class ExtenderClient:
         self._port = parts.port
         self._path = parts.path.rstrip("/")
         self._timeout_s = timeout_s
-        self._tls = tls if tls is not None or not self._https else ssl.create_default_context()
+        self._tls = tls or (ssl.create_default_context() if self._https else None)
         self._local = threading.local()
         self._lock = threading.Lock()
         self._open: set[http.client.HTTPConnection] = set()
