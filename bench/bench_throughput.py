@@ -12,6 +12,9 @@ kube-scheduler's pattern (serial cycles over the first ``numFeasibleNodesToFind`
 rotating start, prioritize when more than one node passed, binds in the background):
 
 * **floor**: the same loop with no extender (it accounts ``aliyun.com/gpu-mem`` itself and binds directly);
+* **null extender** (``bench.null_extender``): the loop through an extender that only passes the first name and
+  makes the plain Binding, on the same HTTP stack: what the round trips cost, so that the gap between it and a
+  policy's row is the extender's own work;
 * **one row per policy and node choice** (``--node-choices``): the extender as its own process over HTTP, with
   ``--node-choice filter`` (filter passes only the policy's favourite, so the loop skips prioritize) or
   ``prioritize`` (filter passes every node that fits, prioritize ranks them).
@@ -37,6 +40,7 @@ import math
 import os
 import random
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -238,6 +242,27 @@ def extender(kubeconfig: Path, policy: str, choice: str, seed: int, log: Path) -
         yield url, process.pid
 
 
+@contextmanager
+def null_extender(kubeconfig: Path, log: Path) -> Iterator[tuple[str, int]]:
+    """``bench.null_extender`` on a free port: its verbs' URL prefix and its pid, once it answers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "bench.null_extender", "--port", str(port), "--kubeconfig", str(kubeconfig)]
+    with child(command, log) as process:
+        url = f"http://127.0.0.1:{port}/gpushare-scheduler"
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                httpx.post(url + "/filter", json={"NodeNames": []}, timeout=5)
+                break
+            except httpx.TransportError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"The null extender did not start: {log.read_text().strip()[-2000:]}") from None
+                time.sleep(0.1)
+        yield url, process.pid
+
+
 def percentile(samples: Sequence[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -288,6 +313,16 @@ def measure(nodes: int, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]]
         rows.append(Row("floor: no extender", counted / seconds, done, None, None, None, None, None,
                         *per_pod_ms(spent, done)))
         delete_pods(kube, core)
+        progress(f"{nodes} nodes: the null extender, creating {len(shapes)} pods")
+        with null_extender(kubeconfig, workdir / f"null-extender-{nodes}.log") as (url, pid):
+            create_pods(core, shapes, "null")
+            cpu_before, before = proc_cpu_s(pid), cpu_since(api_pid)
+            seconds, counted, loop = run_loop(client.ApiClient(configuration), url, len(shapes), seed, "null extender")
+            cpu, spent = proc_cpu_s(pid) - cpu_before, cpu_since(api_pid, before)
+            done = bound_count(kube)
+        rows.append(Row("null extender: HTTP and the Binding only", counted / seconds, done, *loop_figures(loop),
+                        None, 1000 * cpu / max(done, 1), None, *per_pod_ms(spent, done)))
+        delete_pods(kube, core)
         for policy, choice in runs:
             what = f"{policy}, chosen in {choice}"
             progress(f"{nodes} nodes: {what}, creating {len(shapes)} pods")
@@ -301,13 +336,17 @@ def measure(nodes: int, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]]
                 rss = proc_rss_mib(pid)
                 answered_ms = filter_answer_ms(url)
                 done = bound_count(kube)
-            cycles = loop.stats.extender_ms
-            rows.append(Row(what, counted / seconds, done,
-                            (statistics.median(cycles), percentile(cycles, 0.99)) if cycles else None,
-                            percentile(loop.stats.bind_ms, 0.99) if loop.stats.bind_ms else None,
-                            answered_ms, 1000 * cpu / max(done, 1), rss, *per_pod_ms(spent, done)))
+            rows.append(Row(what, counted / seconds, done, *loop_figures(loop), answered_ms, 1000 * cpu / max(done, 1),
+                            rss, *per_pod_ms(spent, done)))
             delete_pods(kube, core)
     return rows
+
+
+def loop_figures(loop: SchedulerLoop) -> tuple[tuple[float, float] | None, float | None]:
+    """The extender's time per pod as the loop saw it (median, p99), and the binds' p99."""
+    cycles, binds = loop.stats.extender_ms, loop.stats.bind_ms
+    return ((statistics.median(cycles), percentile(cycles, 0.99)) if cycles else None,
+            percentile(binds, 0.99) if binds else None)
 
 
 def table(nodes: int, rows: Sequence[Row]) -> str:
