@@ -202,14 +202,8 @@ def filter_answer_ms(url: str) -> float | None:
     return 1000 * totals["gpushare_extender_request_duration_seconds_sum"] / count if count else None
 
 
-def cpu_since(api_pid: int, start: tuple[float, float] | None = None) -> tuple[float, float]:
-    """CPU seconds of this process (the scheduler loop's) and of the API server: so far, or since ``start``."""
-    now = time.process_time(), proc_cpu_s(api_pid)
-    return now if start is None else (now[0] - start[0], now[1] - start[1])
-
-
-def per_pod_ms(seconds: tuple[float, float], pods: int) -> tuple[float, float]:
-    return 1000 * seconds[0] / max(pods, 1), 1000 * seconds[1] / max(pods, 1)
+def per_pod_ms(seconds: float, pods: int) -> float:
+    return 1000 * seconds / max(pods, 1)
 
 
 @contextmanager
@@ -294,9 +288,21 @@ def api_server(nodes: int, workdir: Path) -> Iterator[tuple[Path, int]]:
         yield kubeconfig, process.pid
 
 
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One pass of the loop over freshly created pods, and the CPU each process spent per pod bound."""
+
+    pods_per_s: float
+    bound: int
+    loop: SchedulerLoop
+    extender_cpu_ms: float | None
+    loop_cpu_ms: float
+    api_cpu_ms: float
+
+
 def measure(nodes: int, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]], seed: int, workdir: Path
             ) -> list[Row]:
-    """The floor, then one row per (policy, node choice) of ``runs``."""
+    """The floor, the null extender, then one row per (policy, node choice) of ``runs``."""
     rows = []
     progress(f"{nodes} nodes: starting the local API server")
     with api_server(nodes, workdir) as (kubeconfig, api_pid):
@@ -304,40 +310,38 @@ def measure(nodes: int, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]]
         api = client.ApiClient(configuration)
         core = client.CoreV1Api(api)
         kube = Kube.from_api_client(api)
-        progress(f"{nodes} nodes: floor (no extender), creating {len(shapes)} pods")
-        create_pods(core, shapes, "floor")
-        before = cpu_since(api_pid)
-        seconds, counted, _ = run_loop(client.ApiClient(configuration), None, len(shapes), seed, "floor")
-        spent = cpu_since(api_pid, before)
-        done = bound_count(kube)
-        rows.append(Row("floor: no extender", counted / seconds, done, None, None, None, None, None,
-                        *per_pod_ms(spent, done)))
-        delete_pods(kube, core)
-        progress(f"{nodes} nodes: the null extender, creating {len(shapes)} pods")
-        with null_extender(kubeconfig, workdir / f"null-extender-{nodes}.log") as (url, pid):
-            create_pods(core, shapes, "null")
-            cpu_before, before = proc_cpu_s(pid), cpu_since(api_pid)
-            seconds, counted, loop = run_loop(client.ApiClient(configuration), url, len(shapes), seed, "null extender")
-            cpu, spent = proc_cpu_s(pid) - cpu_before, cpu_since(api_pid, before)
+
+        def scheduled(prefix: str, what: str, url: str | None, extender_pid: int | None) -> Run:
+            """Create the pods, let the loop schedule them (through ``url``, if given), and count."""
+            progress(f"{nodes} nodes: {what}, creating {len(shapes)} pods")
+            create_pods(core, shapes, prefix)
+            extender_before = proc_cpu_s(extender_pid) if extender_pid is not None else 0.0
+            loop_before, api_before = time.process_time(), proc_cpu_s(api_pid)
+            seconds, counted, loop = run_loop(client.ApiClient(configuration), url, len(shapes), seed, what)
+            loop_s, api_s = time.process_time() - loop_before, proc_cpu_s(api_pid) - api_before
+            extender_s = proc_cpu_s(extender_pid) - extender_before if extender_pid is not None else None
             done = bound_count(kube)
-        rows.append(Row("null extender: HTTP and the Binding only", counted / seconds, done, *loop_figures(loop),
-                        None, 1000 * cpu / max(done, 1), None, *per_pod_ms(spent, done)))
+            return Run(counted / seconds, done, loop, None if extender_s is None else per_pod_ms(extender_s, done),
+                       per_pod_ms(loop_s, done), per_pod_ms(api_s, done))
+
+        floor = scheduled("floor", "floor (no extender)", None, None)
+        rows.append(Row("floor: no extender", floor.pods_per_s, floor.bound, None, None, None, None, None,
+                        floor.loop_cpu_ms, floor.api_cpu_ms))
+        delete_pods(kube, core)
+        with null_extender(kubeconfig, workdir / f"null-extender-{nodes}.log") as (url, pid):
+            null = scheduled("null", "the null extender", url, pid)
+        rows.append(Row("null extender: HTTP and the Binding only", null.pods_per_s, null.bound,
+                        *loop_figures(null.loop), None, null.extender_cpu_ms, None, null.loop_cpu_ms, null.api_cpu_ms))
         delete_pods(kube, core)
         for policy, choice in runs:
             what = f"{policy}, chosen in {choice}"
-            progress(f"{nodes} nodes: {what}, creating {len(shapes)} pods")
             log = workdir / f"extender-{nodes}-{policy}-{choice}.log"
             with extender(kubeconfig, policy, choice, seed, log) as (url, pid):
-                create_pods(core, shapes, f"{policy}-{choice}")
-                cpu_before, before = proc_cpu_s(pid), cpu_since(api_pid)
-                seconds, counted, loop = run_loop(client.ApiClient(configuration), url + "/gpushare-scheduler",
-                                                  len(shapes), seed, what)
-                cpu, spent = proc_cpu_s(pid) - cpu_before, cpu_since(api_pid, before)
+                run = scheduled(f"{policy}-{choice}", what, url + "/gpushare-scheduler", pid)
                 rss = proc_rss_mib(pid)
                 answered_ms = filter_answer_ms(url)
-                done = bound_count(kube)
-            rows.append(Row(what, counted / seconds, done, *loop_figures(loop), answered_ms, 1000 * cpu / max(done, 1),
-                            rss, *per_pod_ms(spent, done)))
+            rows.append(Row(what, run.pods_per_s, run.bound, *loop_figures(run.loop), answered_ms, run.extender_cpu_ms,
+                            rss, run.loop_cpu_ms, run.api_cpu_ms))
             delete_pods(kube, core)
     return rows
 
