@@ -124,6 +124,28 @@ def test_background_loop_schedules_new_pods_and_retries(cluster: LocalCluster, e
                  timeout_s=20)
 
 
+def test_a_pod_no_node_has_room_for_waits_for_room_instead_of_retrying(cluster: LocalCluster, extender: str,
+                                                                      core: client.CoreV1Api) -> None:
+    """kube-scheduler parks a pod its own checks rejected everywhere until a cluster event may have made room; a
+    pod only the extender rejected carries no plugin's queueing hint and is retried after its backoff."""
+    create_pod(core, pod_body("hog", cpu="7"))
+    with SchedulerLoop(cluster.api_client(), extender, seed=1) as loop:
+        assert loop.schedule_pod("hog").node == "big"  # 1 of big's 8 CPUs left, small has 4
+        loop.start()
+        create_pod(core, pod_body("waiter", cpu="6"))
+        create_pod(core, pod_body("too-big", 40))  # passes the loop's checks; the extender rejects it everywhere
+
+        def failures(pod: str) -> int:
+            loop.wait_for_events()
+            return sum(reason == "FailedScheduling" for reason, _ in events_for(core, pod))
+
+        wait_for(lambda: failures("too-big") >= 2, "the extender-rejected pod to be retried after its backoff")
+        assert failures("waiter") == 1
+        core.delete_namespaced_pod("hog", "default", grace_period_seconds=0)
+        wait_for(lambda: read_pod(core, "waiter")["spec"].get("nodeName") == "big", "the parked pod once room was freed")
+        assert failures("waiter") == 1
+
+
 def test_extender_url_gets_verbs_appended(cluster: LocalCluster, extender: str, core: client.CoreV1Api) -> None:
     create_pod(core, pod_body("p", 1))
     with SchedulerLoop(cluster.api_client(), extender + "/", seed=1) as loop:

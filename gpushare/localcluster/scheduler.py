@@ -16,7 +16,10 @@ What it reproduces (kube-scheduler v1.35, see ../shared/REFERENCE.md section 1b)
   ``Nodes``), POST ``<url>/prioritize`` (skipped when one node is left; its errors are ignored), the best
   ``weight`` x score (ties drawn with a seedable RNG), and POST ``<url>/bind``. A non-200 status or a non-empty
   ``Error`` fails the attempt: the pod gets a FailedScheduling Event and is retried with backoff (1 s doubling
-  to 10 s). Events are written in the background, as kube-scheduler's event broadcaster does.
+  to 10 s). A pod that no node passed the loop's own checks for also waits, as among kube-scheduler's
+  unschedulable pods, until a cluster event may have made room (a bound pod deleted or finished, a failed
+  bind, a node added or changed) or 5 minutes passed. Events are written in the background, as kube-scheduler's
+  event broadcaster does.
 * **Without an extender** (``extender_url=None``) every pod is placed by the loop's own checks and bound
   directly: the floor that the extender's cost is measured against.
 
@@ -55,7 +58,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -85,6 +88,9 @@ MAX_NODE_SCORE = 100
 MAX_EXTENDER_PRIORITY = 10
 INITIAL_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 10.0
+# kube-scheduler's podMaxInUnschedulablePodsDuration, and how often it looks for pods parked longer than that.
+MAX_UNSCHEDULABLE_S = 300.0
+UNSCHEDULABLE_FLUSH_S = 30.0
 SYNC_TIMEOUT_S = 30.0
 # kube-scheduler's bounds on how many feasible nodes a cycle looks for (schedule_one.go).
 MIN_FEASIBLE_NODES_TO_FIND = 100
@@ -129,6 +135,18 @@ class LoopStats:
     extender_ms: list[float] = field(default_factory=list)
     """Filter plus prioritize, as the loop waited for them, per cycle that called the extender."""
     bind_ms: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    """One scheduling cycle's outcome: the node the pod was assumed on, or why not."""
+
+    node: str | None
+    message: str
+    requests: _Requests | None
+    rejected_by_host_checks: bool = False
+    """No node passed the loop's own checks, so no extender was asked: kube-scheduler parks such a pod among its
+    unschedulable pods until a cluster event may have made room (see ``SchedulerLoop._park``)."""
 
 
 @dataclass(slots=True)
@@ -255,12 +273,18 @@ class SchedulerLoop:
         self._node_order: list[str] = []
         self._next_start = 0
         self._bound: dict[str, tuple[str, _Requests]] = {}
+        # The same pods by node, as kube-scheduler's NodeInfo lists them: a preemption's dry run reads each node's
+        # pods, and scanning every bound pod per node cost seconds per attempt on a full cluster.
+        self._on_node: dict[str, dict[str, _Requests]] = {}
         self._usage: dict[str, _Usage] = {}
         self._pending: dict[str, Obj] = {}
         self._nominated: dict[str, tuple[str, _Requests]] = {}
         self._binding: set[str] = set()
         self._backoff: dict[str, float] = {}
         self._queue: list[tuple[float, str]] = []
+        # Pods that no node passed the loop's own checks for, and since when: kube-scheduler's unschedulable pods.
+        self._parked: dict[str, float] = {}
+        self._next_flush = 0.0
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._schedule_lock = threading.Lock()
@@ -337,42 +361,45 @@ class SchedulerLoop:
         if not _holds_resources(obj):
             return ScheduleResult(key, None, f"pod {key} is terminating or has finished")
         with self._schedule_lock:
-            node, message, requests = self._cycle(obj)
+            attempt = self._cycle(obj)
+        node, requests = attempt.node, attempt.requests
         if node is None or requests is None:
-            return self._failed(obj, message)
+            return self._failed(obj, attempt.message)
         return self._bind(obj, node, requests)
 
-    def _cycle(self, obj: Obj) -> tuple[str | None, str, _Requests | None]:
+    def _cycle(self, obj: Obj) -> _Attempt:
         """One scheduling cycle: the node for the pod, assumed there at once; or ``None`` and why not."""
         pod = pod_info(obj)
         try:
             requests = _requests(pod, _started(obj))
             wants_gpu = requests_gpu(pod)
         except RequestError as exc:
-            return None, str(exc), None
+            return _Attempt(None, str(exc), None)
         key = _pod_key(obj)
         feasible, reasons, total = self._host_feasible(key, requests)
         if not feasible:
-            return None, self._preempt(obj, pod, requests, wants_gpu, set(), _unavailable(total, reasons)), None
+            message = self._preempt(obj, pod, requests, wants_gpu, set(), _unavailable(total, reasons))
+            return _Attempt(None, message, None, rejected_by_host_checks=True)
         if self._url is None or (not wants_gpu and not self.extender_for_all_pods):
             with self._lock:
                 best = min(feasible, key=lambda n: (self._usage.get(n.name, _Usage()).cpu_milli / max(n.cpu_milli, 1),
                                                     n.name))
             self._assume(_pod_key(obj), best.name, requests)
-            return best.name, "", requests
+            return _Attempt(best.name, "", requests)
         asked = time.perf_counter()
         names, failed, unresolvable, error = self._filter(obj, feasible)
         if error:
-            return None, error, None  # an error, not a FitError: kube-scheduler does not preempt
+            return _Attempt(None, error, None)  # an error, not a FitError: kube-scheduler does not preempt
         reasons.update(failed)
         if not names:
-            return None, self._preempt(obj, pod, requests, wants_gpu, unresolvable, _unavailable(total, reasons)), None
+            return _Attempt(None, self._preempt(obj, pod, requests, wants_gpu, unresolvable,
+                                                _unavailable(total, reasons)), None)
         scores = self._prioritize(obj, feasible, names) if len(names) > 1 else {}
         self.stats.extender_ms.append(1000 * (time.perf_counter() - asked))
         top = max(scores.get(n, 0) for n in names)
         best_name = self._rng.choice([n for n in names if scores.get(n, 0) == top])
         self._assume(_pod_key(obj), best_name, requests)
-        return best_name, "", requests
+        return _Attempt(best_name, "", requests)
 
     def _host_feasible(self, key: str, requests: _Requests) -> tuple[list[_HostNode], Counter[str], int]:
         """kube-scheduler's own checks, stopping at ``numFeasibleNodesToFind`` nodes; also the node count."""
@@ -476,8 +503,8 @@ class SchedulerLoop:
                     break
                 if name in unresolvable or not node.ready or node.unschedulable:
                     continue
-                lower = sorted(((k, r) for k, (n, r) in self._bound.items()
-                                if n == name and r.priority < requests.priority), key=_importance)
+                lower = sorted(((k, r) for k, r in self._on_node.get(name, {}).items()
+                                if r.priority < requests.priority), key=_importance)
                 used = self._used_with_nominated(name, key, requests.priority)
                 for _, r in lower:
                     used = _shifted(used, r, -1)
@@ -523,7 +550,7 @@ class SchedulerLoop:
                 pods = (meta or {}).get("Pods") or []
                 if not pods:
                     return [], f"expected at least one victim pod on node {node}"
-                on_node = {r.uid: (k, r) for k, (n, r) in self._bound.items() if n == node}
+                on_node = {r.uid: (k, r) for k, r in self._on_node.get(node, {}).items()}
                 victims = []
                 for victim in pods:
                     uid = (victim or {}).get("UID")
@@ -684,6 +711,9 @@ class SchedulerLoop:
     def _account(self, key: str, entry: tuple[str, _Requests] | None) -> None:
         old = self._bound.pop(key, None)
         if old is not None:
+            self._on_node[old[0]].pop(key, None)
+            if entry is None:
+                self._unpark()  # kube-scheduler's AssignedPodDelete (a failed bind's forgotten pod counts too)
             usage = self._usage[old[0]]
             usage.cpu_milli -= old[1].cpu_milli
             usage.memory_mib -= old[1].memory_mib
@@ -691,6 +721,7 @@ class SchedulerLoop:
             usage.pods -= 1
         if entry is not None:
             self._bound[key] = entry
+            self._on_node.setdefault(entry[0], {})[key] = entry[1]
             usage = self._usage.setdefault(entry[0], _Usage())
             usage.cpu_milli += entry[1].cpu_milli
             usage.memory_mib += entry[1].memory_mib
@@ -701,6 +732,7 @@ class SchedulerLoop:
         with self._lock:
             self._nodes = {n.name: n for n in map(_host_node, items)}
             self._node_order = list(self._nodes)
+            self._unpark()
 
     def _node_event(self, kind: str, obj: Obj) -> None:
         with self._lock:
@@ -711,7 +743,10 @@ class SchedulerLoop:
             else:
                 if name not in self._nodes:
                     self._node_order.append(name)
-                self._nodes[name] = _host_node(obj)
+                old, new = self._nodes.get(name), _host_node(obj)
+                self._nodes[name] = new
+                if old is None or replace(old, raw={}) != replace(new, raw={}):
+                    self._unpark()  # a node added, or one whose room or readiness changed; not a heartbeat
         self._wake.set()
 
     def _sync_pods(self, items: list[Obj]) -> None:
@@ -732,6 +767,7 @@ class SchedulerLoop:
                 self._account(key, None)
                 self._pending.pop(key, None)
                 self._backoff.pop(key, None)
+                self._parked.pop(key, None)
                 self._binding.discard(key)
             else:
                 self._track(obj)
@@ -749,6 +785,7 @@ class SchedulerLoop:
         if not _holds_resources(obj):
             self._account(key, None)
             self._pending.pop(key, None)
+            self._parked.pop(key, None)
         elif node:
             try:
                 requests = _requests(pod_info(obj), _started(obj))
@@ -757,12 +794,16 @@ class SchedulerLoop:
             self._account(key, (node, requests))
             self._pending.pop(key, None)
             self._backoff.pop(key, None)
+            self._parked.pop(key, None)
             self._binding.discard(key)
         elif key in self._binding:
             return  # assumed by a cycle; its bind is in flight and settles it
         else:
-            if key not in self._pending and key not in self._backoff:
+            before = self._pending.get(key)
+            if before is None and key not in self._backoff:
                 heapq.heappush(self._queue, (0.0, key))
+            elif key in self._parked and before is not None and before.get("spec") != obj.get("spec"):
+                self._requeue(key)  # the pod itself changed: it may fit now
             self._pending[key] = obj
 
     # -- background worker ---------------------------------------------------------------------------------
@@ -778,15 +819,15 @@ class SchedulerLoop:
                 continue
             try:
                 with self._schedule_lock:
-                    node, message, requests = self._cycle(obj)
+                    attempt = self._cycle(obj)
             except Exception:  # the loop must survive anything one pod does
                 log.exception("scheduling a pod failed unexpectedly", extra={"pod": key})
-                node, message, requests = None, "unexpected error", None
-            if node is None or requests is None:
-                self._failed(obj, message)
-                self._retry_later(key)
+                attempt = _Attempt(None, "unexpected error", None)
+            if attempt.node is None or attempt.requests is None:
+                self._failed(obj, attempt.message)
+                self._retry_later(key, park=attempt.rejected_by_host_checks)
                 continue
-            self._binds.submit(self._bind_in_background, obj, node, requests)
+            self._binds.submit(self._bind_in_background, obj, attempt.node, attempt.requests)
 
     def _bind_in_background(self, obj: Obj, node: str, requests: _Requests) -> None:
         try:
@@ -802,9 +843,14 @@ class SchedulerLoop:
     def _next_ready(self) -> str | None:
         """The next pod whose backoff has passed, waiting at most until then (or a watch event)."""
         with self._lock:
+            now = time.monotonic()
+            if self._parked and now >= self._next_flush:
+                self._next_flush = now + UNSCHEDULABLE_FLUSH_S
+                for key in [k for k, since in self._parked.items() if now - since >= MAX_UNSCHEDULABLE_S]:
+                    self._requeue(key)
             while self._queue:
                 ready_at, key = self._queue[0]
-                if key not in self._pending:
+                if key not in self._pending or key in self._parked:
                     heapq.heappop(self._queue)
                     continue
                 delay = ready_at - time.monotonic()
@@ -818,13 +864,34 @@ class SchedulerLoop:
         self._wake.clear()
         return None
 
-    def _retry_later(self, key: str) -> None:
+    def _retry_later(self, key: str, park: bool = False) -> None:
+        """Back the pod off, 1 s doubling to 10 s; with ``park``, it also waits for a cluster event that may have
+        made room (``_unpark``), or ``MAX_UNSCHEDULABLE_S``.
+
+        kube-scheduler holds a pod its own plugins rejected among its unschedulable pods until their queueing hints
+        see such an event: retrying it after every backoff would run a full search and a preemption dry run over
+        every node each time, which no real cluster pays. A pod only the extender rejected carries no plugin's
+        hint, and kube-scheduler requeues it on any event: in a cluster that schedules, its backoff.
+        """
         with self._lock:
             if key not in self._pending:
                 return
             backoff = min(self._backoff.get(key, INITIAL_BACKOFF_S / 2) * 2, MAX_BACKOFF_S)
             self._backoff[key] = backoff
-            heapq.heappush(self._queue, (time.monotonic() + backoff, key))
+            if park:
+                self._parked[key] = time.monotonic()
+            else:
+                heapq.heappush(self._queue, (time.monotonic() + backoff, key))
+
+    def _unpark(self) -> None:
+        """Requeue every parked pod: something freed room, or a node changed (call with the lock held)."""
+        for key in list(self._parked):
+            self._requeue(key)
+
+    def _requeue(self, key: str) -> None:
+        """A parked pod back in the queue, once its backoff from when it was parked has passed (lock held)."""
+        since = self._parked.pop(key)
+        heapq.heappush(self._queue, (since + self._backoff.get(key, 0.0), key))
 
 
 def _importance(item: tuple[str, _Requests]) -> tuple[int, str]:
