@@ -255,6 +255,15 @@ def test_filter_agrees_with_the_model(cluster: tuple[list[NodeInfo], list[PodInf
     expected = [n.name for n in nodes if build_node(n, MemoryUnit.GiB, pods).fits(request)]
     assert out.passed == expected
     assert set(out.failed) | set(out.unresolvable) == {n.name for n in nodes} - set(expected)
+    assert not out.left_out
+    # Unexplained: the same nodes pass; the others are worded only when none passes, else just listed.
+    terse = cache.filter([n.name for n in nodes], request, explain=False)
+    assert terse.passed == expected
+    if expected:
+        assert not terse.failed and not terse.unresolvable
+        assert terse.left_out == [n.name for n in nodes if n.name not in expected]
+    else:
+        assert (terse.failed, terse.unresolvable, terse.left_out) == (out.failed, out.unresolvable, [])
 
 
 def test_repeated_filters_follow_every_change() -> None:

@@ -106,8 +106,9 @@ def env(cluster: LocalCluster) -> Iterator[Env]:
 
 
 def test_filter_by_node_names(env: Env) -> None:
+    names = ["mixed", "t4x2", "cpu-only", "ghost"]
     pod = create_pod(env.core, pod_body("p", 20))
-    response = env.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": ["mixed", "t4x2", "cpu-only", "ghost"]})
+    response = env.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/json"
     body = response.json()
@@ -115,6 +116,13 @@ def test_filter_by_node_names(env: Env) -> None:
     assert body["NodeNames"] == ["mixed"]
     assert body["Nodes"] is None
     assert body["Error"] == ""
+    # The pod has its node: kube-scheduler reads no reason, so none is worded.
+    assert body["FailedNodes"] == {} and body["FailedAndUnresolvableNodes"] == {}
+
+    nowhere = create_pod(env.core, pod_body("nowhere", 40, gpu_count=2))  # 20 units on each of two GPUs
+    body = env.post("filter", {"Pod": nowhere, "Nodes": None, "NodeNames": names}).json()
+    assert body["NodeNames"] == [] and body["Error"] == ""
+    assert "has 1 GPU(s) with 20 units or more, the pod needs 2" in body["FailedAndUnresolvableNodes"]["mixed"]
     assert "largest GPU has 15" in body["FailedAndUnresolvableNodes"]["t4x2"]
     assert "no GPUs that gpushare manages" in body["FailedAndUnresolvableNodes"]["cpu-only"]
     assert "not in the gpushare extender's cache" in body["FailedNodes"]["ghost"]
@@ -136,7 +144,9 @@ def test_filter_with_full_node_objects(cluster: LocalCluster, choice: NodeChoice
         assert passed == (["mixed"] if choice is NodeChoice.FILTER else ["mixed", "t4x2"])
         assert body["Nodes"]["items"] == [n for n in items if n["metadata"]["name"] in passed]
         assert body["Nodes"]["kind"] == "NodeList"
-        assert list(body["FailedAndUnresolvableNodes"]) == ["cpu-only"] and body["FailedNodes"] == {}
+        # Choosing in filter, the pod has its node and no reason is worded; otherwise every node is accounted for.
+        unresolvable = [] if choice is NodeChoice.FILTER else ["cpu-only"]
+        assert list(body["FailedAndUnresolvableNodes"]) == unresolvable and body["FailedNodes"] == {}
 
 
 def test_pod_without_gpu_passes_every_node(env: Env) -> None:

@@ -35,6 +35,8 @@ class FilterOutcome:
     passed: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     unresolvable: dict[str, str] = field(default_factory=dict)
+    left_out: list[str] = field(default_factory=list)
+    """Nodes that fail, not worded because some node passed (see ``ClusterCache.filter``)."""
 
 
 class FitSet:
@@ -50,7 +52,8 @@ class FitSet:
         self.check = check
         self.nodes = nodes
         self.version = 0
-        self.last: tuple[int, list[str], FilterOutcome] | None = None
+        self.last: tuple[int, list[str], list[str], list[str]] | None = None
+        """The version, names, and the names that fit and fail, of the last split (``ClusterCache._split``)."""
 
     def update(self, name: str, summary: NodeSummary | None) -> None:
         """Place a changed node; call with the index lock held."""

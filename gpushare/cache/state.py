@@ -171,32 +171,47 @@ class ClusterCache:
             held = bool(self._affinity.get(value))
         return request if held == request.affinity_held else replace(request, affinity_held=held)
 
-    def filter(self, names: list[str], request: PodRequest, pod_uid: str = "") -> FilterOutcome:
+    def filter(self, names: list[str], request: PodRequest, pod_uid: str = "", explain: bool = True) -> FilterOutcome:
         """Split ``names`` into nodes where the pod fits now, fails now, and could never fit.
 
         Pods nominated to a node by a preemption, with at least this pod's priority, hold their room there.
+        Without ``explain``, the nodes that fail are worded only when none passes, and otherwise listed in
+        ``left_out``: kube-scheduler reads an extender's reasons only for a pod that no node passed. (A pod with
+        sharing values is judged node by node on the full state, and its failures are always worded.)
 
         ``TypeError`` if a name is not hashable (a malformed request).
         """
         if request.sharing.constrained:
             return self._filter_sharing(names, request, pod_uid)
+        passed, failing = self._split(names, request)
+        out = self._respect_nominated(FilterOutcome(passed), request, pod_uid)
+        if not failing:
+            return out
+        if out.passed and not explain:
+            out.left_out = failing  # ``out`` is this call's own, whatever lists it shares
+            return out
+        # Per-node work only for the nodes that fail, their reasons remembered until the node changes.
+        out = FilterOutcome(list(passed))
+        self._explain(failing, request, out)
+        return self._respect_nominated(out, request, pod_uid)
+
+    def _split(self, names: list[str], request: PodRequest) -> tuple[list[str], list[str]]:
+        """The names in this shape's fit set, and the others; never to be changed (the next pod may get them)."""
         fit_set = self._fit_set(request)
         version = fit_set.version
         last = fit_set.last
         # kube-scheduler sends the same node names with every pod: while no node has entered or left this
         # shape's set (or changed while outside it), the previous answer is still exact.
         if last is not None and last[0] == version and last[1] == names:
-            return self._respect_nominated(last[2], request, pod_uid)
-        # C-level passes over the names, with per-node work only for the nodes that fail.
-        out = FilterOutcome()
+            return last[2], last[3]
+        # C-level passes over the names.
         if fit_set.nodes.issuperset(names):
-            out.passed = list(names)
+            passed, failing = list(names), []
         else:
             fits = fit_set.nodes.__contains__
-            out.passed = list(filter(fits, names))
-            self._explain(list(filterfalse(fits, names)), request, out)
-        fit_set.last = (version, names, out)
-        return self._respect_nominated(out, request, pod_uid)
+            passed, failing = list(filter(fits, names)), list(filterfalse(fits, names))
+        fit_set.last = (version, names, passed, failing)
+        return passed, failing
 
     def _filter_sharing(self, names: list[str], request: PodRequest, pod_uid: str) -> FilterOutcome:
         """Filter for a pod with sharing values: every node is judged on its full state, since the summaries the
@@ -223,7 +238,7 @@ class ClusterCache:
         """Fail passed nodes where pods nominated there with at least this pod's priority leave it no room.
 
         A preemption freed that room for its preemptor; handing it to this pod would leave the preemptor
-        pending with its victims already gone. The memoised outcome is never changed, only copied.
+        pending with its victims already gone. ``out`` is never changed, only copied: its lists may be memoised.
         """
         if not self._nominated:
             return out
