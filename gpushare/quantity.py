@@ -19,6 +19,7 @@ bounded to the int64 range that every Kubernetes component counts in; beyond it 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from decimal import MAX_EMAX, MIN_EMIN, ROUND_UP, Context, Decimal
 from typing import NamedTuple
@@ -224,6 +225,9 @@ def canonical(text: str | int | float) -> str:
     return quantity(text).canonical
 
 
+# Pods repeat a handful of quantities ("1", "500m", "2Gi"), and each is read at every watch event, filter and bind:
+# the answers are remembered (``typed``: True must still be refused, even after 1 was read).
+@functools.lru_cache(maxsize=4096, typed=True)
 def _scaled(text: str | int | float, numerator: int, denominator: int) -> int:
     """ceil(value * numerator / denominator), within the int64 range Kubernetes components count in."""
     value = parse_quantity(text)

@@ -285,6 +285,8 @@ class SchedulerLoop:
         # Pods that no node passed the loop's own checks for, and since when: kube-scheduler's unschedulable pods.
         self._parked: dict[str, float] = {}
         self._next_flush = 0.0
+        # Events that may have made room, counted: one during a pod's cycle means it must not be parked.
+        self._room_events = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._schedule_lock = threading.Lock()
@@ -815,6 +817,7 @@ class SchedulerLoop:
                 continue
             with self._lock:
                 obj = self._pending.get(key)
+                room_events = self._room_events
             if obj is None:
                 continue
             try:
@@ -825,7 +828,7 @@ class SchedulerLoop:
                 attempt = _Attempt(None, "unexpected error", None)
             if attempt.node is None or attempt.requests is None:
                 self._failed(obj, attempt.message)
-                self._retry_later(key, park=attempt.rejected_by_host_checks)
+                self._retry_later(key, park=attempt.rejected_by_host_checks, room_events=room_events)
                 continue
             self._binds.submit(self._bind_in_background, obj, attempt.node, attempt.requests)
 
@@ -864,9 +867,11 @@ class SchedulerLoop:
         self._wake.clear()
         return None
 
-    def _retry_later(self, key: str, park: bool = False) -> None:
+    def _retry_later(self, key: str, park: bool = False, room_events: int = 0) -> None:
         """Back the pod off, 1 s doubling to 10 s; with ``park``, it also waits for a cluster event that may have
-        made room (``_unpark``), or ``MAX_UNSCHEDULABLE_S``.
+        made room (``_unpark``), or ``MAX_UNSCHEDULABLE_S``, unless such an event came since the count
+        ``room_events`` read before its cycle: room freed meanwhile (a preemption's own victims, say) is room the
+        pod has not tried, so it only backs off (kube-scheduler's moveRequestCycle).
 
         kube-scheduler holds a pod its own plugins rejected among its unschedulable pods until their queueing hints
         see such an event: retrying it after every backoff would run a full search and a preemption dry run over
@@ -878,13 +883,14 @@ class SchedulerLoop:
                 return
             backoff = min(self._backoff.get(key, INITIAL_BACKOFF_S / 2) * 2, MAX_BACKOFF_S)
             self._backoff[key] = backoff
-            if park:
+            if park and room_events == self._room_events:
                 self._parked[key] = time.monotonic()
             else:
                 heapq.heappush(self._queue, (time.monotonic() + backoff, key))
 
     def _unpark(self) -> None:
         """Requeue every parked pod: something freed room, or a node changed (call with the lock held)."""
+        self._room_events += 1
         for key in list(self._parked):
             self._requeue(key)
 
