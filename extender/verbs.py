@@ -14,7 +14,7 @@ from gpushare.cache.fitindex import shape_key
 from gpushare.cache.state import ClusterCache
 from gpushare.contract import PodRequest
 from gpushare.model import Node
-from gpushare.policies import Policy, extender_scores, favourite
+from gpushare.policies import Policy, extender_scores, favourite_of
 from gpushare.policies.base import (
     MAX_EXTENDER_SCORE,
     ClusterAware,
@@ -89,11 +89,13 @@ class Verbs:
         The nodes left out are neither failed nor unresolvable: the pod has a node, so nothing reports them.
         """
         if self.choose_in_filter and len(passed) > 1:
-            scores = self._fitting_scores(policy, request, passed, max_reads)
+            scores = self._scores(policy, request, passed, max_reads)
             if scores is None:
                 return None
-            if scores:  # the policy may fail on a node that fits (logged there): choose among the others
-                passed = [favourite(scores, self.tie_seed)]
+            # The policy may fail on a node that fits (logged there): the favourite is among the others.
+            best = favourite_of(passed, scores, self.tie_seed)
+            if best is not None:
+                passed = [best]
         return filter_result(args, passed, failed, unresolvable)
 
     def _follow(self, name: str, policy: ClusterAware, max_reads: int | None) -> bool:
@@ -135,22 +137,25 @@ class Verbs:
             return {0: [name for name in names if name != planned],
                     MAX_EXTENDER_SCORE: [planned] if planned in names else []}
 
-        fitting = self._fitting_scores(policy, wanted, names, max_reads)
-        if fitting is None:
+        scores = self._scores(policy, wanted, names, max_reads)
+        if scores is None:
             return None
+        named = dict(zip(names, scores, strict=True))
+        fitting = cast(dict[str, float], named if None not in scores else
+                       {n: s for n, s in named.items() if s is not None})
         if len(fitting) < len(names):
             # Only a name that scores nothing can be no node of the cache, and only those need their spelling checked.
             check_node_names(self.cache.unknown(names))
-        scores = extender_scores(fitting, self.tie_seed)
+        ranked = extender_scores(fitting, self.tie_seed)
         if len(fitting) < len(names):
-            scores.setdefault(0, []).extend(filterfalse(fitting.__contains__, names))
-        return scores
+            ranked.setdefault(0, []).extend(filterfalse(fitting.__contains__, names))
+        return ranked
 
-    def _fitting_scores(self, policy: Policy, wanted: PodRequest, names: list[str], max_reads: int | None
-                        ) -> dict[str, float] | None:
-        """The raw score of each of ``names`` the pod fits on, with ``policy`` (the pod's); with ``max_reads``,
-        ``None`` when more nodes than that must be evaluated afresh (see ``ClusterCache.evaluate_memoised``) or
-        copied for the policy to follow."""
+    def _scores(self, policy: Policy, wanted: PodRequest, names: list[str], max_reads: int | None
+                ) -> list[float | None] | None:
+        """The raw score of each of ``names`` with ``policy`` (the pod's), ``None`` where the pod does not fit;
+        with ``max_reads``, ``None`` instead when more nodes than that must be evaluated afresh (see
+        ``ClusterCache.evaluate_memoised``) or copied for the policy to follow."""
         if follows_inventory(policy):
             policy.observe_inventory(self.cache.gpu_capacity())
         policy_name = policy.name  # the guard below narrows ``policy`` to the protocol, which has no name
@@ -164,9 +169,4 @@ class Verbs:
 
         # A node's score changes only with its state, the pod's shape and what the policy has learned.
         key = (policy.name, shape_key(wanted), policy_version(policy))
-        raw = self.cache.evaluate_memoised(names, key, score, max_reads)
-        if raw is None:
-            return None
-        if None not in raw.values():
-            return cast(dict[str, float], raw)
-        return {n: s for n, s in raw.items() if s is not None}
+        return self.cache.evaluate_memoised(names, key, score, max_reads)

@@ -294,13 +294,13 @@ def test_memoised_answers_last_until_the_node_changes_and_are_shared_by_equal_no
         reads.append(node.name)
         return node.gpus[0].free
 
-    assert cache.evaluate_memoised(["n1", "n2", "gone"], "k", free) == {"n1": 16, "n2": 16, "gone": None}
-    assert cache.evaluate_memoised(["n1", "n2"], "k", free) == {"n1": 16, "n2": 16}
+    assert cache.evaluate_memoised(["n1", "n2", "gone"], "k", free) == [16, 16, None]
+    assert cache.evaluate_memoised(["n1", "n2"], "k", free) == [16, 16]
     assert reads == ["n1"]  # n2 is in the same state: n1's answer is its answer; the second pass was all lookups
     request = parse_request(gpu_pod("p", 4))
     cache.reserve("n1", "default/p", "uid-p", request, lambda node: binpack(node, request))
-    assert cache.evaluate_memoised(["n1", "n2"], "k", free) == {"n1": 12, "n2": 16}
-    assert cache.evaluate_memoised(["n1"], "other key", free) == {"n1": 12}
+    assert cache.evaluate_memoised(["n1", "n2"], "k", free) == [12, 16]
+    assert cache.evaluate_memoised(["n1"], "other key", free) == [12]
     assert reads == ["n1", "n1", "n1"]  # only the changed node, and the new key, were read again
 
 
@@ -317,10 +317,9 @@ def test_memoised_answers_with_a_bound_on_reads_read_nothing_past_it() -> None:
     # Three states without an answer (a1 and a2 share one): past a bound of two, nothing is read.
     assert cache.evaluate_memoised(["a1", "a2", "b", "c"], "k", free, max_reads=2) is None
     assert reads == []
-    assert cache.evaluate_memoised(["a1", "b"], "k", free, max_reads=2) == {"a1": 16, "b": 8}
+    assert cache.evaluate_memoised(["a1", "b"], "k", free, max_reads=2) == [16, 8]
     # Now only c's state lacks an answer; "gone" is no node and needs no read.
-    assert cache.evaluate_memoised(["a1", "a2", "b", "c", "gone"], "k", free, max_reads=1) == {
-        "a1": 16, "a2": 16, "b": 8, "c": 4, "gone": None}
+    assert cache.evaluate_memoised(["a1", "a2", "b", "c", "gone"], "k", free, max_reads=1) == [16, 16, 8, 4, None]
     assert reads == ["a1", "b", "c"]
 
 
@@ -333,13 +332,13 @@ def test_memoised_answers_stay_right_for_more_keys_than_the_cache_keeps_tables()
         return node.gpus[0].free
 
     for key in range(2 * MAX_ANSWER_TABLES):
-        assert cache.evaluate_memoised(["n2", "n1"], key, free) == {"n2": 8, "n1": 16}
+        assert cache.evaluate_memoised(["n2", "n1"], key, free) == [8, 16]
     request = parse_request(gpu_pod("p", 4))
     cache.reserve("n1", "default/p", "uid-p", request, lambda node: binpack(node, request))
     # Newest first: the last keys still have their tables, with no answer yet for n1's new state; the first keys'
     # tables are gone.
     for key in reversed(range(2 * MAX_ANSWER_TABLES)):
-        assert cache.evaluate_memoised(["n2", "n1"], key, free) == {"n2": 8, "n1": 12}
+        assert cache.evaluate_memoised(["n2", "n1"], key, free) == [8, 12]
 
 
 def test_the_log_of_changes_names_each_changed_node_once_and_says_when_a_reader_fell_behind(

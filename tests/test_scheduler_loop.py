@@ -142,7 +142,8 @@ def test_a_pod_no_node_has_room_for_waits_for_room_instead_of_retrying(cluster: 
         wait_for(lambda: failures("too-big") >= 2, "the extender-rejected pod to be retried after its backoff")
         assert failures("waiter") == 1
         core.delete_namespaced_pod("hog", "default", grace_period_seconds=0)
-        wait_for(lambda: read_pod(core, "waiter")["spec"].get("nodeName") == "big", "the parked pod once room was freed")
+        wait_for(lambda: read_pod(core, "waiter")["spec"].get("nodeName") == "big",
+                 "the parked pod once room was freed")
         assert failures("waiter") == 1
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from itertools import compress, filterfalse, repeat
@@ -326,19 +326,19 @@ class ClusterCache:
                 out[name] = None if node is None else read(node)
         return out
 
-    def evaluate_memoised(self, names: Iterable[str], key: Hashable, read: Callable[[Node], T],
-                          max_reads: int | None = None) -> dict[str, T | None] | None:
-        """``evaluate``, remembering each answer under ``key`` for the node's state (``state_signature``): every
-        node in that state shares it, and a node that changes gets its answer for its new state.
+    def evaluate_memoised(self, names: Sequence[str], key: Hashable, read: Callable[[Node], T],
+                          max_reads: int | None = None) -> list[T | None] | None:
+        """``read`` of each of ``names`` (``None`` for unknown nodes), in their order, each answer remembered under
+        ``key`` for the node's state (``state_signature``): every node in that state shares it, and a node that
+        changes gets its answer for its new state.
 
         ``read`` must depend on nothing but the node's state and what ``key`` names (for a score: the policy,
         the request's shape and the version of what the policy learned). kube-scheduler sends the same nodes
         for pod after pod and few of them change in between, and large clusters hold many nodes in identical
-        states (empty ones, full ones), so most answers are lookups: two C-level passes over the names.
+        states (empty ones, full ones), so most answers are lookups: C-level passes over the names.
         With ``max_reads``, ``None`` instead when more nodes than that have no answer yet (nothing is read):
         the caller can answer on its event loop when the work is lookups, and elsewhere when it is not.
         """
-        names = list(names)
         table = self._answer_table(key)
         # Lock-free: at worst the answer for the node's state from just before a change.
         states = list(map(self._node_states.get, names))
@@ -351,7 +351,7 @@ class ClusterCache:
                 return None
             for i in missing:
                 found[i] = None if states[i] is None else self._answer(names[i], table, read)
-        return dict(zip(names, found, strict=True))
+        return found
 
     def _answer(self, name: str, table: dict[int, Any], read: Callable[[Node], Any]) -> Any:
         """One node's answer for its current state: from ``table``, else ``read`` and remembered there."""

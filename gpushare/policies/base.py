@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations, compress, groupby, repeat
-from operator import eq
-from typing import Protocol, TypeGuard, runtime_checkable
+from operator import eq, is_not
+from typing import Protocol, TypeGuard, cast, runtime_checkable
 
 from gpushare.contract import PodRequest
 from gpushare.model import GPU, Node
@@ -140,8 +140,26 @@ def choose_node(nodes: Iterable[Node], request: PodRequest, policy: Policy,
 def favourite(scores: Mapping[str, float], seed: int = 0) -> str:
     """The name with the highest score, ties broken by ``node_priority``: the node the policy places the pod on
     (the one ``extender_scores`` gives the top score). ``scores`` must not be empty."""
-    high = max(scores.values())
-    return max(compress(scores, map(eq, scores.values(), repeat(high))), key=_tie_breaks(seed).__getitem__)
+    best = favourite_of(scores, scores.values(), seed)
+    if best is None:
+        raise ValueError("favourite() needs at least one score")
+    return best
+
+
+def favourite_of(names: Iterable[str], scores: Collection[float | None], seed: int = 0) -> str | None:
+    """``favourite`` of parallel names and scores, where ``None`` is a node that does not fit; ``None`` if none fits.
+
+    C-level passes: filter asks this for hundreds of nodes per pod, and building a dict of them first cost as
+    much as choosing.
+    """
+    fitting = scores if None not in scores else list(filter(_is_score, scores))
+    if not fitting:
+        return None
+    high = max(cast(Iterable[float], fitting))
+    return max(compress(names, map(eq, scores, repeat(high))), key=_tie_breaks(seed).__getitem__)
+
+
+_is_score = functools.partial(is_not, None)
 
 
 def extender_scores(scores: Mapping[str, float], seed: int = 0) -> dict[int, list[str]]:
