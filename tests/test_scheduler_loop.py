@@ -147,6 +147,19 @@ def test_a_pod_no_node_has_room_for_waits_for_room_instead_of_retrying(cluster: 
         assert failures("waiter") == 1
 
 
+def test_a_parked_pod_is_tried_again_when_a_node_joins() -> None:
+    with LocalCluster(spec(gpu_node("small", cpu="2"))) as local:
+        core = client.CoreV1Api(local.api_client())
+        create_pod(core, pod_body("wide", cpu="4"))
+        with SchedulerLoop(local.api_client(), None, seed=1) as loop:
+            loop.start()
+            wait_for(lambda: bool(events_for(core, "wide")), "the failed attempt")
+            room = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+            core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "roomy"},
+                              "status": {"capacity": room, "allocatable": room}})
+            wait_for(lambda: read_pod(core, "wide")["spec"].get("nodeName") == "roomy", "the pod on the new node")
+
+
 def test_extender_url_gets_verbs_appended(cluster: LocalCluster, extender: str, core: client.CoreV1Api) -> None:
     create_pod(core, pod_body("p", 1))
     with SchedulerLoop(cluster.api_client(), extender + "/", seed=1) as loop:
