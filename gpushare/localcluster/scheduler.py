@@ -146,7 +146,7 @@ class _Attempt:
     requests: _Requests | None
     rejected_by_host_checks: bool = False
     """No node passed the loop's own checks, so no extender was asked: kube-scheduler parks such a pod among its
-    unschedulable pods until a cluster event may have made room (see ``SchedulerLoop._park``)."""
+    unschedulable pods until a cluster event may have made room (see ``SchedulerLoop._retry_later``)."""
 
 
 @dataclass(slots=True)
