@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.inspect import inspect_nodes
+from gpushare.cache.fitindex import MAX_FIT_SETS
 from gpushare.cache.state import MAX_ANSWER_TABLES, ClusterCache, ReservationError
 from gpushare.contract import (
     ANN_NODE_INVENTORY,
@@ -339,6 +340,22 @@ def test_memoised_answers_stay_right_for_more_keys_than_the_cache_keeps_tables()
     # tables are gone.
     for key in reversed(range(2 * MAX_ANSWER_TABLES)):
         assert cache.evaluate_memoised(["n2", "n1"], key, free) == [8, 12]
+
+
+def test_a_frequent_shape_keeps_its_fit_set_and_answers_among_more_shapes_than_the_bounds() -> None:
+    """The least recently used shape goes first: a workload of many CPU and memory sizes keeps its common ones."""
+    cache = ClusterCache()
+    cache.upsert_node(node_info("n1", [16384], cpu="64"))
+    common = parse_request(gpu_pod("common", 4, cpu="1"))
+    fit_set = cache._fit_set(common)  # identity tells a kept set from a rebuilt one
+    table = cache._answer_table("common")
+    for i in range(2 * max(MAX_FIT_SETS, MAX_ANSWER_TABLES)):
+        rare = parse_request(gpu_pod(f"rare-{i}", 4, cpu=f"{1000 + i}m"))
+        assert cache.filter(["n1"], rare).passed == ["n1"]
+        cache._answer_table(("rare", i))
+        assert cache._fit_set(common) is fit_set
+        assert cache._answer_table("common") is table
+    assert cache.filter(["n1"], common).passed == ["n1"]
 
 
 def test_the_log_of_changes_names_each_changed_node_once_and_says_when_a_reader_fell_behind(

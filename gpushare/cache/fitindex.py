@@ -14,8 +14,9 @@ from typing import Any
 from gpushare.contract import PodRequest
 from gpushare.model import Node
 
-# Request shapes whose set of fitting nodes is kept current; each costs a check per node change.
-MAX_FIT_SETS = 32
+# Request shapes whose set of fitting nodes is kept current; each costs a check per node change (a fraction of a
+# microsecond), and building one checks every node. Pods vary in CPU and memory too: the openb trace has 126 shapes.
+MAX_FIT_SETS = 128
 
 UNBOUNDED = 1 << 62
 
