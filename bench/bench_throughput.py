@@ -3,11 +3,13 @@
     .venv/bin/python -m bench.bench_throughput [--nodes 5000,15000] [--pods 10000] [--policies all]
                                                [--node-choices filter,prioritize]
                                                [--data ../shared/data/openb] [--seed 42]
+                                               [--host-requests fixed|trace]
 
 For each cluster size a local API server holds ``--nodes`` nodes of 8 x 16 GiB GPUs. ``--pods`` pending pods are
 created first, their GPU shapes drawn from the openb trace (fractional, whole-GPU and multi-GPU pods, in the
 trace's proportions; memory = the trace's GPU fraction x 16 GiB, at least 1 GiB; model constraints dropped,
-since every GPU here is the same). Then the local cluster's scheduler loop schedules them all with
+since every GPU here is the same), each requesting 1 CPU and 2 GiB, or with ``--host-requests trace`` its trace
+pod's CPU and memory (nodes have 96 CPUs and 768 GiB). Then the local cluster's scheduler loop schedules them all with
 kube-scheduler's pattern (serial cycles over the first ``numFeasibleNodesToFind`` feasible nodes from a
 rotating start, prioritize when more than one node passed, binds in the background):
 
@@ -80,10 +82,17 @@ RATE_SHARE = 0.99
 DRIVER_SWITCH_INTERVAL_S = 0.0005
 
 
+# What each pod requests besides its GPUs when ``--host-requests fixed`` (the default).
+FIXED_CPU = "1"
+FIXED_MEMORY = "2Gi"
+
+
 @dataclass(frozen=True, slots=True)
 class Shape:
     per_gpu_gib: int
     gpus: int
+    cpu: str = FIXED_CPU
+    memory: str = FIXED_MEMORY
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,14 +113,16 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def trace_shapes(data: Path, count: int, seed: int) -> list[Shape]:
-    """``count`` GPU shapes drawn from the trace's GPU pods, with replacement, in the trace's proportions."""
+def trace_shapes(data: Path, count: int, seed: int, trace_host_requests: bool = False) -> list[Shape]:
+    """``count`` GPU shapes drawn from the trace's GPU pods, with replacement, in the trace's proportions; with
+    ``trace_host_requests``, each with its trace pod's CPU and memory requests too (many more distinct shapes)."""
     pods = [p for p in openb.load_pods(data) if p.num_gpu]
     rng = random.Random(seed)
     shapes = []
     for pod in rng.choices(pods, k=count):
         fraction = pod.gpu_milli / 1000
-        shapes.append(Shape(max(1, round(fraction * GPU_GIB)) if pod.num_gpu == 1 else GPU_GIB, pod.num_gpu))
+        host = {"cpu": f"{pod.cpu_milli}m", "memory": f"{pod.memory_mib}Mi"} if trace_host_requests else {}
+        shapes.append(Shape(max(1, round(fraction * GPU_GIB)) if pod.num_gpu == 1 else GPU_GIB, pod.num_gpu, **host))
     return shapes
 
 
@@ -125,10 +136,11 @@ def cluster(nodes: int) -> ClusterSpec:
 def manifest(name: str, shape: Shape) -> dict[str, Any]:
     annotations = {ANN_GPU_COUNT: str(shape.gpus)} if shape.gpus > 1 else {}
     limits = {RESOURCE_GPU_MEM: str(shape.per_gpu_gib * shape.gpus)}
+    requests = {"cpu": shape.cpu, "memory": shape.memory}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default", "annotations": annotations},
             "spec": {"containers": [{"name": "main", "image": "registry.local/task:1",
-                                     "resources": {"limits": limits, "requests": {"cpu": "1", "memory": "2Gi"}}}]}}
+                                     "resources": {"limits": limits, "requests": requests}}]}}
 
 
 def create_pods(core: client.CoreV1Api, shapes: Sequence[Shape], prefix: str) -> None:
@@ -380,6 +392,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              f"({', '.join(NodeChoice)}; default {NodeChoice.FILTER.value})")
     parser.add_argument("--data", type=Path, default=openb.DEFAULT_DATA, help="the openb folder (pod shapes)")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--host-requests", choices=("fixed", "trace"), default="fixed",
+                        help=f"each pod's CPU and memory requests: {FIXED_CPU} CPU and {FIXED_MEMORY} (fixed), or its "
+                             "trace pod's (trace: 126 distinct shapes in the default trace instead of 24)")
     parser.add_argument("--serve-cluster", type=int, metavar="NODES", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -390,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     policies.sort(key=lambda p: p != DEFAULT_POLICY)
     runs = [(policy, NodeChoice(choice).value) for policy in policies for choice in args.node_choices.split(",")]
     sys.setswitchinterval(DRIVER_SWITCH_INTERVAL_S)
-    shapes = trace_shapes(args.data, args.pods, args.seed)
+    shapes = trace_shapes(args.data, args.pods, args.seed, args.host_requests == "trace")
     with tempfile.TemporaryDirectory(prefix="gpushare-throughput-") as tmp:
         for nodes in (int(n) for n in args.nodes.split(",")):
             print(table(nodes, measure(nodes, shapes, runs, args.seed, Path(tmp))), flush=True)
