@@ -356,7 +356,13 @@ class ClusterCache:
             if max_reads is not None and len({states[i] for i in missing} - {None}) > max_reads:  # one read per state
                 return None
             for i in missing:
-                found[i] = None if states[i] is None else self._answer(names[i], table, read)
+                state = states[i]
+                if state is None:
+                    found[i] = None
+                    continue
+                # Nodes in one state share its answer: only the first of them is read, under its node's lock.
+                known = table.get(state, _UNKNOWN)
+                found[i] = known if known is not _UNKNOWN else self._answer(names[i], table, read)
         return found
 
     def _answer(self, name: str, table: dict[int, Any], read: Callable[[Node], Any]) -> Any:
