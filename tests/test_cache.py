@@ -352,7 +352,8 @@ def test_a_frequent_shape_keeps_its_fit_set_and_answers_among_more_shapes_than_t
     for i in range(2 * max(MAX_FIT_SETS, MAX_ANSWER_TABLES)):
         rare = parse_request(gpu_pod(f"rare-{i}", 4, cpu=f"{1000 + i}m"))
         assert cache.filter(["n1"], rare).passed == ["n1"]
-        cache._answer_table(("rare", i))
+        assert cache._fit_set(rare) is cache._fit_set(rare)  # the newest shape is kept, an older one went
+        assert cache._answer_table(("rare", i)) is cache._answer_table(("rare", i))
         assert cache._fit_set(common) is fit_set
         assert cache._answer_table("common") is table
     assert cache.filter(["n1"], common).passed == ["n1"]

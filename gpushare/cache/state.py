@@ -297,6 +297,7 @@ class ClusterCache:
                     fit_set = FitSet(check, {name for name, summary in list(self._summaries.items())
                                              if check(summary)})
                     self._fit_sets[key] = fit_set
+                    self._used[key] = next(self._uses)  # the newest is not the one to go
                     _evict_least_used(self._fit_sets, self._used, MAX_FIT_SETS)
         self._used[key] = next(self._uses)  # lock-free: one dict write
         return fit_set
@@ -388,6 +389,7 @@ class ClusterCache:
                 table = self._answer_tables.get(key)
                 if table is None:
                     table = self._answer_tables[key] = {}
+                    self._used[key] = next(self._uses)  # the newest is not the one to go
                     _evict_least_used(self._answer_tables, self._used, MAX_ANSWER_TABLES)
         self._used[key] = next(self._uses)
         return table
