@@ -190,12 +190,12 @@ class ClusterCache:
         if request.sharing.constrained:
             return self._filter_sharing(names, request, pod_uid)
         passed, failing = self._split(names, request)
-        out = self._respect_nominated(FilterOutcome(passed), request, pod_uid)
-        if not failing:
-            return out
-        if out.passed and not explain:
-            out.left_out = failing  # ``out`` is this call's own, whatever lists it shares
-            return out
+        if not failing or (passed and not explain):
+            out = self._respect_nominated(FilterOutcome(passed), request, pod_uid)
+            if not failing or out.passed:
+                out.left_out = failing  # ``out`` is this call's own, whatever lists it shares
+                return out
+            # Nominated pods hold every node that passed: the pod fails everywhere, so its reasons are read.
         # Per-node work only for the nodes that fail, their reasons remembered until the node changes.
         out = FilterOutcome(list(passed))
         self._explain(failing, request, out)
