@@ -10,7 +10,7 @@ from typing import Any, cast, overload
 from extender.gang import Gangs
 from extender.placement import PolicyBook, RequestCache
 from extender.wire import ExtenderArgs, check_node_names, filter_result
-from gpushare.cache.fitindex import shape_key
+from gpushare.cache.fitindex import FilterOutcome, shape_key
 from gpushare.cache.state import ClusterCache
 from gpushare.contract import PodRequest
 from gpushare.model import Node
@@ -78,25 +78,26 @@ class Verbs:
         # unknown ones means a real node could.
         if outcome.passed or len(outcome.failed) > len(unknown):
             self.book.observe_once(args.pod.uid or args.pod.key, request)
-        return self._chosen(args, policy, request, outcome.passed, outcome.failed, outcome.unresolvable, max_reads)
+        return self._chosen(args, policy, request, outcome, max_reads)
 
-    def _chosen(self, args: ExtenderArgs, policy: Policy, request: PodRequest, passed: list[str],
-                failed: dict[str, str], unresolvable: dict[str, str], max_reads: int | None) -> dict[str, Any] | None:
+    def _chosen(self, args: ExtenderArgs, policy: Policy, request: PodRequest, outcome: FilterOutcome,
+                max_reads: int | None) -> dict[str, Any] | None:
         """The filter's answer, passing only the favourite of ``passed`` when the extender chooses in filter.
 
         kube-scheduler skips prioritize when one node passed, so a GPU pod costs one call before its bind
         instead of two, and the node bound is the policy's choice, whatever kube-scheduler's own scores say.
         The nodes left out are neither failed nor unresolvable: the pod has a node, so nothing reports them.
         """
+        passed = outcome.passed
         if self.choose_in_filter and len(passed) > 1:
-            scores = self._scores(policy, request, passed, max_reads)
+            scores = self._scores(policy, request, passed, max_reads, outcome.passed_states)
             if scores is None:
                 return None
             # The policy may fail on a node that fits (logged there): the favourite is among the others.
             best = favourite_of(passed, scores, self.tie_seed)
             if best is not None:
                 passed = [best]
-        return filter_result(args, passed, failed, unresolvable)
+        return filter_result(args, passed, outcome.failed, outcome.unresolvable)
 
     def _follow(self, name: str, policy: ClusterAware, max_reads: int | None) -> bool:
         """Show a policy that weighs what the cluster has left the nodes changed since it last looked; with
@@ -151,11 +152,12 @@ class Verbs:
             ranked.setdefault(0, []).extend(filterfalse(fitting.__contains__, names))
         return ranked
 
-    def _scores(self, policy: Policy, wanted: PodRequest, names: list[str], max_reads: int | None
-                ) -> list[float | None] | None:
+    def _scores(self, policy: Policy, wanted: PodRequest, names: list[str], max_reads: int | None,
+                states: list[int | None] | None = None) -> list[float | None] | None:
         """The raw score of each of ``names`` with ``policy`` (the pod's), ``None`` where the pod does not fit;
         with ``max_reads``, ``None`` instead when more nodes than that must be evaluated afresh (see
-        ``ClusterCache.evaluate_memoised``) or copied for the policy to follow."""
+        ``ClusterCache.evaluate_memoised``) or copied for the policy to follow. ``states``: the names' state ids
+        where a filter just read them."""
         if follows_inventory(policy):
             policy.observe_inventory(self.cache.gpu_capacity())
         policy_name = policy.name  # the guard below narrows ``policy`` to the protocol, which has no name
@@ -169,4 +171,4 @@ class Verbs:
 
         # A node's score changes only with its state, the pod's shape and what the policy has learned.
         key = (policy.name, shape_key(wanted), policy_version(policy))
-        return self.cache.evaluate_memoised(names, key, score, max_reads)
+        return self.cache.evaluate_memoised(names, key, score, max_reads, states)

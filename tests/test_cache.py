@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.inspect import inspect_nodes
-from gpushare.cache.fitindex import MAX_FIT_SETS
 from gpushare.cache.state import MAX_ANSWER_TABLES, ClusterCache, ReservationError
 from gpushare.contract import (
     ANN_NODE_INVENTORY,
@@ -248,7 +247,7 @@ def test_filter_agrees_with_the_model(cluster: tuple[list[NodeInfo], list[PodInf
     cache = ClusterCache()
     cache.replace_nodes(nodes)
     request = parse_request(new)
-    cache.filter([n.name for n in nodes], request)  # the shape's fit set now exists and must follow the pods
+    cache.filter([n.name for n in nodes], request)  # the shape's states are judged now: the pods must change them
     cache.replace_pods(pods[: len(pods) // 2])
     for pod in pods[len(pods) // 2:]:
         cache.upsert_pod(pod)
@@ -342,19 +341,19 @@ def test_memoised_answers_stay_right_for_more_keys_than_the_cache_keeps_tables()
         assert cache.evaluate_memoised(["n2", "n1"], key, free) == [8, 12]
 
 
-def test_a_frequent_shape_keeps_its_fit_set_and_answers_among_more_shapes_than_the_bounds() -> None:
+def test_a_frequent_shape_keeps_its_fit_and_score_tables_among_more_shapes_than_the_bounds() -> None:
     """The least recently used shape goes first: a workload of many CPU and memory sizes keeps its common ones."""
     cache = ClusterCache()
     cache.upsert_node(node_info("n1", [16384], cpu="64"))
     common = parse_request(gpu_pod("common", 4, cpu="1"))
-    fit_set = cache._fit_set(common)  # identity tells a kept set from a rebuilt one
+    fits = cache._fit_table(common)  # identity tells a kept table from a new one
     table = cache._answer_table("common")
-    for i in range(2 * max(MAX_FIT_SETS, MAX_ANSWER_TABLES)):
+    for i in range(2 * MAX_ANSWER_TABLES):
         rare = parse_request(gpu_pod(f"rare-{i}", 4, cpu=f"{1000 + i}m"))
         assert cache.filter(["n1"], rare).passed == ["n1"]
-        assert cache._fit_set(rare) is cache._fit_set(rare)  # the newest shape is kept, an older one went
+        assert cache._fit_table(rare) is cache._fit_table(rare)  # the newest shape is kept, an older one went
         assert cache._answer_table(("rare", i)) is cache._answer_table(("rare", i))
-        assert cache._fit_set(common) is fit_set
+        assert cache._fit_table(common) is fits
         assert cache._answer_table("common") is table
     assert cache.filter(["n1"], common).passed == ["n1"]
 

@@ -1,8 +1,9 @@
-"""The fit index: which nodes admit each recent request shape, kept current as nodes change.
+"""The fit index: whether a request shape fits a node, judged once per node state.
 
-kube-scheduler sends the same node names with every pod, and most nodes do not change between two pods, so
-filter answers from per-shape sets of fitting nodes instead of judging every node. Each node publishes an
-immutable ``NodeSummary`` after every change; a shape's check reads only that summary.
+kube-scheduler sends the same node names with every pod, most nodes do not change between two pods, and large
+clusters hold many nodes in identical states (empty ones, full ones). So filter looks each name up once for its
+node's state, and answers from a per-shape table of states judged before; only a state the shape has not met
+is judged, on the immutable ``NodeSummary`` its node published.
 """
 
 from __future__ import annotations
@@ -13,10 +14,6 @@ from typing import Any
 
 from gpushare.contract import PodRequest
 from gpushare.model import Node
-
-# Request shapes whose set of fitting nodes is kept current; each costs a check per node change (a fraction of a
-# microsecond), and building one checks every node. Pods vary in CPU and memory too: the openb trace has 126 shapes.
-MAX_FIT_SETS = 128
 
 UNBOUNDED = 1 << 62
 
@@ -38,33 +35,9 @@ class FilterOutcome:
     unresolvable: dict[str, str] = field(default_factory=dict)
     left_out: list[str] = field(default_factory=list)
     """Nodes that fail, not worded because some node passed (see ``ClusterCache.filter``)."""
-
-
-class FitSet:
-    """The nodes where one request shape fits, and the last filter answer computed from it.
-
-    ``version`` moves whenever an answer could change: a node enters or leaves the set, or a node outside
-    it changes (its failure message may read differently).
-    """
-
-    __slots__ = ("check", "last", "nodes", "version")
-
-    def __init__(self, check: Callable[[NodeSummary], bool], nodes: set[str]) -> None:
-        self.check = check
-        self.nodes = nodes
-        self.version = 0
-        self.last: tuple[int, list[str], list[str], list[str]] | None = None
-        """The version, names, and the names that fit and fail, of the last split (``ClusterCache._split``)."""
-
-    def update(self, name: str, summary: NodeSummary | None) -> None:
-        """Place a changed node; call with the index lock held."""
-        if summary is not None and self.check(summary):
-            if name not in self.nodes:
-                self.nodes.add(name)
-                self.version += 1
-        else:
-            self.nodes.discard(name)
-            self.version += 1
+    passed_states: list[int | None] | None = None
+    """The cache's state number of each of ``passed``, in order, where the filter read them; for scoring the same
+    nodes with ``ClusterCache.evaluate_memoised`` without looking every name up again."""
 
 
 def shape_key(request: PodRequest) -> tuple[Any, ...]:

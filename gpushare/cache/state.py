@@ -6,10 +6,10 @@ anything, so concurrent filters and binds see the memory as taken; the watch lat
 binder releases it when the bind fails.
 
 Locking: each node has its own lock guarding its ``Node``; a small registry lock guards which node holds
-which pod, and an index lock the fit sets. Locks are taken in that order (node, registry, index), never
-the other way round, and two node locks always in name order. Filter reads immutable per-node
-summaries and the fit sets (node names where a request shape fits, updated on every node change)
-without taking a node lock.
+which pod, and an index lock the tables of states (which shapes fit each node state, and the policies' answers
+for it). Locks are taken in that order (node, registry, index), never the other way round, and two node locks
+always in name order. Filter reads each node's state number and the tables without taking a node lock; only a
+state a table has no answer for yet is judged under its node's lock.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, 
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from itertools import compress, filterfalse, repeat
-from operator import is_
+from operator import is_, not_
 from typing import Any, TypeVar, cast
 
-from gpushare.cache.fitindex import MAX_FIT_SETS, FilterOutcome, FitSet, NodeSummary, fit_check, shape_key, summarise
+from gpushare.cache.fitindex import FilterOutcome, NodeSummary, fit_check, shape_key, summarise
 from gpushare.contract import (
     ANN_AFFINITY,
     MemoryUnit,
@@ -43,9 +43,9 @@ log = logging.getLogger(__name__)
 # Distinct request shapes whose failure messages a node remembers until its state changes.
 MAX_REMEMBERED_REASONS = 64
 
-# Distinct keys (policy, request shape, learned-workload version) with a table of answers per node state; the least
-# recently used goes first. Pods vary in CPU and memory too: the openb trace has 126 shapes, its 32 most frequent
-# cover 89% of its pods.
+# Distinct keys (policy, request shape, learned-workload version) with a table of answers per node state, and distinct
+# request shapes with a table of the node states they fit; of each, the least recently used goes first. Pods vary in
+# CPU and memory too: the openb trace has 126 shapes, its 32 most frequent cover 89% of its pods.
 MAX_ANSWER_TABLES = 128
 # Answers one key's table holds, one per distinct node state asked about; cleared whole when full (1 MB or so).
 MAX_STATE_ANSWERS = 16_384
@@ -105,14 +105,15 @@ class ClusterCache:
         self._pod_nodes: dict[str, str] = {}
         self._reservations: dict[str, Reservation] = {}
         self._index_lock = threading.Lock()
-        self._fit_sets: dict[tuple[Any, ...], FitSet] = {}
+        # Request shape -> node state id -> whether the shape fits a node in that state.
+        self._fit_tables: dict[Hashable, dict[int, bool]] = {}
         # Equal states share one id (``state_signature``), and a node gets a new one whenever it changes.
         self._state_ids: dict[Hashable, int] = {}
         self._next_state_id = 0
         self._node_states: dict[str, int] = {}
         # key -> node state id -> answer.
         self._answer_tables: dict[Hashable, dict[int, Any]] = {}
-        # When each fit set's shape and each answer table's key was last asked for: the least recently used goes
+        # When each fit table's shape and each answer table's key was last asked for: the least recently used goes
         # first when there are too many, so a workload of more shapes than the bound keeps its frequent ones.
         self._used: dict[Hashable, int] = {}
         self._uses = itertools.count()
@@ -189,11 +190,11 @@ class ClusterCache:
         """
         if request.sharing.constrained:
             return self._filter_sharing(names, request, pod_uid)
-        passed, failing = self._split(names, request)
+        passed, failing, states = self._split(names, request)
         if not failing or (passed and not explain):
-            out = self._respect_nominated(FilterOutcome(passed), request, pod_uid)
+            out = self._respect_nominated(FilterOutcome(passed, passed_states=states), request, pod_uid)
             if not failing or out.passed:
-                out.left_out = failing  # ``out`` is this call's own, whatever lists it shares
+                out.left_out = failing
                 return out
             # Nominated pods hold every node that passed: the pod fails everywhere, so its reasons are read.
         # Per-node work only for the nodes that fail, their reasons remembered until the node changes.
@@ -201,23 +202,44 @@ class ClusterCache:
         self._explain(failing, request, out)
         return self._respect_nominated(out, request, pod_uid)
 
-    def _split(self, names: list[str], request: PodRequest) -> tuple[list[str], list[str]]:
-        """The names in this shape's fit set, and the others; never to be changed (the next pod may get them)."""
-        fit_set = self._fit_set(request)
-        version = fit_set.version
-        last = fit_set.last
-        # kube-scheduler sends the same node names with every pod: while no node has entered or left this
-        # shape's set (or changed while outside it), the previous answer is still exact.
-        if last is not None and last[0] == version and last[1] == names:
-            return last[2], last[3]
-        # C-level passes over the names.
-        if fit_set.nodes.issuperset(names):
-            passed, failing = list(names), []
-        else:
-            fits = fit_set.nodes.__contains__
-            passed, failing = list(filter(fits, names)), list(filterfalse(fits, names))
-        fit_set.last = (version, names, passed, failing)
-        return passed, failing
+    def _split(self, names: list[str], request: PodRequest) -> tuple[list[str], list[str], list[int | None]]:
+        """The names where the request's shape fits, those where it does not, and the state ids of the first.
+
+        C-level passes: one lookup per name for its node's state, then one in the shape's table of states;
+        Python work only for the states the shape has not met (usually the few nodes changed since the last pod
+        of this shape), each judged once under one of its nodes' locks.
+        """
+        table = self._fit_table(request)
+        # Lock-free: at worst the state of a node from just before a change.
+        states = list(map(self._node_states.get, names))
+        lookup = cast(Callable[[int | None], bool | None], table.get)  # None, for no node, is never a key
+        fits: list[bool | None] = list(map(lookup, states))
+        if None in fits:
+            check = fit_check(request)
+            for i in compress(range(len(fits)), map(is_, fits, repeat(None))):
+                state = states[i]
+                known = None if state is None else table.get(state)
+                fits[i] = known if known is not None else self._judge(names[i], table, check)
+        passed = list(compress(names, fits))
+        if len(passed) == len(names):
+            return passed, [], states
+        return passed, list(compress(names, map(not_, fits))), list(compress(states, fits))
+
+    def _judge(self, name: str, table: dict[int, bool], check: Callable[[NodeSummary], bool]) -> bool:
+        """Whether the node's current state admits the shape of ``check``, remembered in ``table``; ``False`` for
+        a node the cache does not know (filter words it)."""
+        entry = self._entries.get(name)
+        if entry is None:
+            return False
+        with entry.lock:  # its summary and state id change together, under this lock
+            summary = self._summaries.get(name)
+            if entry.info is None or summary is None:
+                return False
+            fits = check(summary)
+            if len(table) >= MAX_STATE_ANSWERS:
+                table.clear()
+            table[entry.state_id] = fits
+        return fits
 
     def _filter_sharing(self, names: list[str], request: PodRequest, pod_uid: str) -> FilterOutcome:
         """Filter for a pod with sharing values: every node is judged on its full state, since the summaries the
@@ -285,22 +307,9 @@ class ClusterCache:
                 out[name] = found
         return out
 
-    def _fit_set(self, request: PodRequest) -> FitSet:
-        """The live set of nodes whose summary admits this request shape (built on first use, then kept)."""
-        key = shape_key(request)
-        fit_set = self._fit_sets.get(key)
-        if fit_set is None:
-            with self._index_lock:
-                fit_set = self._fit_sets.get(key)
-                if fit_set is None:
-                    check = fit_check(request)
-                    fit_set = FitSet(check, {name for name, summary in list(self._summaries.items())
-                                             if check(summary)})
-                    self._fit_sets[key] = fit_set
-                    self._used[key] = next(self._uses)  # the newest is not the one to go
-                    _evict_least_used(self._fit_sets, self._used, MAX_FIT_SETS)
-        self._used[key] = next(self._uses)  # lock-free: one dict write
-        return fit_set
+    def _fit_table(self, request: PodRequest) -> dict[int, bool]:
+        """The node states the request's shape fits (``True``) or not, as judged so far."""
+        return self._table(self._fit_tables, shape_key(request))
 
     def _explain(self, names: list[str], request: PodRequest, out: FilterOutcome) -> None:
         """Judge nodes on their full state and word the failures (remembered until the node changes)."""
@@ -334,7 +343,8 @@ class ClusterCache:
         return out
 
     def evaluate_memoised(self, names: Sequence[str], key: Hashable, read: Callable[[Node], T],
-                          max_reads: int | None = None) -> list[T | None] | None:
+                          max_reads: int | None = None, states: list[int | None] | None = None
+                          ) -> list[T | None] | None:
         """``read`` of each of ``names`` (``None`` for unknown nodes), in their order, each answer remembered under
         ``key`` for the node's state (``state_signature``): every node in that state shares it, and a node that
         changes gets its answer for its new state.
@@ -345,10 +355,13 @@ class ClusterCache:
         states (empty ones, full ones), so most answers are lookups: C-level passes over the names.
         With ``max_reads``, ``None`` instead when more nodes than that have no answer yet (nothing is read):
         the caller can answer on its event loop when the work is lookups, and elsewhere when it is not.
+        ``states``: the nodes' state ids as a filter just read them (``FilterOutcome.passed_states``), so that
+        the names are not looked up again.
         """
         table = self._answer_table(key)
-        # Lock-free: at worst the answer for the node's state from just before a change.
-        states = list(map(self._node_states.get, names))
+        if states is None:
+            # Lock-free: at worst the answer for the node's state from just before a change.
+            states = list(map(self._node_states.get, names))
         lookup = cast(Callable[[int | None, object], Any], table.get)  # None, for no node, is never a key
         found: list[Any] = list(map(lookup, states, repeat(_UNKNOWN)))
         # The positions without an answer, found in C: usually the few nodes that changed since the last pod.
@@ -383,14 +396,18 @@ class ClusterCache:
         return known
 
     def _answer_table(self, key: Hashable) -> dict[int, Any]:
-        table = self._answer_tables.get(key)
+        return self._table(self._answer_tables, key)
+
+    def _table(self, tables: dict[Hashable, dict[int, Any]], key: Hashable) -> dict[int, Any]:
+        """``tables[key]``, made empty if missing; the least recently used table goes past ``MAX_ANSWER_TABLES``."""
+        table = tables.get(key)
         if table is None:
             with self._index_lock:
-                table = self._answer_tables.get(key)
+                table = tables.get(key)
                 if table is None:
-                    table = self._answer_tables[key] = {}
+                    table = tables[key] = {}
                     self._used[key] = next(self._uses)  # the newest is not the one to go
-                    _evict_least_used(self._answer_tables, self._used, MAX_ANSWER_TABLES)
+                    _evict_least_used(tables, self._used, MAX_ANSWER_TABLES)
         self._used[key] = next(self._uses)
         return table
 
@@ -669,7 +686,7 @@ class ClusterCache:
         return entry
 
     def _refresh(self, entry: _Entry) -> None:
-        """Republish the node's summary and its place in every fit set; call with its lock held after any change."""
+        """Republish the node's summary and state id; call with its lock held after any change."""
         entry.reasons.clear()
         signature = state_signature(entry.state)
         name = entry.name
@@ -685,8 +702,6 @@ class ClusterCache:
                 dropped = len(self._changes) // 2
                 del self._changes[:dropped]
                 self._changes_start += dropped
-            for fit_set in self._fit_sets.values():
-                fit_set.update(name, summary)
             if affinity != entry.affinity:
                 self._index_affinity(name, entry.affinity, affinity)
                 entry.affinity = affinity
