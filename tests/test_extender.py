@@ -78,7 +78,7 @@ class Env:
 
     def metric(self, name: str) -> float:
         for line in self.http.get("/metrics").text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
+            if line.startswith(name + " ") or (line.startswith(name + "{") and "{" not in name):
                 return float(line.rsplit(" ", 1)[1])
         raise AssertionError(f"metric {name} not exported")
 
@@ -452,7 +452,23 @@ def test_service_routes(env: Env) -> None:
     text = env.http.get("/metrics").text
     assert 'gpushare_extender_requests_total{code="200",verb="filter"} 1.0' in text
     assert 'gpushare_extender_request_duration_seconds_count{verb="filter"} 1.0' in text
-    assert 'gpushare_gpu_memory_total{gpu="1",model="Tesla-V100-SXM2-32GB",node="mixed"} 32.0' in text
+    assert 'gpushare_extender_nodes 3.0' in text
+
+
+def test_metrics_count_gpus_and_memory_per_model(env: Env) -> None:
+    """Per model, never per GPU: per-GPU series are the device plugins' (thousands of nodes would make the
+    extender's scrape a stall of every filter)."""
+    assert env.metric('gpushare_cluster_gpus{model="Tesla-T4"}') == 3
+    assert env.metric('gpushare_cluster_gpu_memory_mib{model="Tesla-T4"}') == 3 * 15 * 1024
+    assert env.metric('gpushare_cluster_gpu_memory_mib{model="Tesla-V100-SXM2-32GB"}') == 32 * 1024
+    pod = create_pod(env.core, pod_body("p", 20))  # only the 32 GiB V100 holds it
+    assert env.bind(pod, "mixed") == ""
+    env.settled()
+    assert env.metric('gpushare_cluster_gpu_memory_allocated_mib{model="Tesla-V100-SXM2-32GB"}') == 20 * 1024
+    assert env.metric('gpushare_cluster_gpu_memory_allocated_mib{model="Tesla-T4"}') == 0
+    assert env.metric('gpushare_cluster_idle_gpus{model="Tesla-V100-SXM2-32GB"}') == 0
+    assert env.metric('gpushare_cluster_idle_gpus{model="Tesla-T4"}') == 3
+    assert "gpushare_gpu_memory" not in env.http.get("/metrics").text
 
 
 def test_the_unit_flag_never_overrides_the_unit_a_node_publishes(cluster: LocalCluster) -> None:

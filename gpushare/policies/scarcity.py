@@ -198,6 +198,9 @@ class ScarcityLookahead(FragmentationLookahead):
         # The cluster as last observed: each node, its size, and its free GPU memory per model.
         self._nodes: dict[str, Node] = {}
         self._sizes: dict[str, _Size] = {}
+        # The same, by size: a cluster has few sizes, so finding the shapes confined by size is a pass over them,
+        # not over every node each time the workload moves.
+        self._by_size: dict[_Size, set[str]] = {}
         self._node_free: dict[str, dict[str, int]] = {}
         self._free: dict[str, int] = {}
         self._reserves: tuple[_Reserve, ...] = ()
@@ -224,18 +227,16 @@ class ScarcityLookahead(FragmentationLookahead):
     def _observe(self, nodes: Iterable[Node], gone: Iterable[str]) -> None:
         for name in gone:
             if self._nodes.pop(name, None) is not None:
-                self._sizes.pop(name, None)
+                self._resize(name, None)
                 self._count_free(name, {})
                 for hosted in self._hosted:
                     hosted.pop(name, None)
-                self._sizes_version += 1
         for node in nodes:
             name = node.name
             self._nodes[name] = node
             size = _size(node)
             if self._sizes.get(name) != size:
-                self._sizes[name] = size
-                self._sizes_version += 1
+                self._resize(name, size)
             free: dict[str, int] = {}
             for gpu in node.gpus:
                 free[gpu.model] = free.get(gpu.model, 0) + gpu.free
@@ -244,6 +245,19 @@ class ScarcityLookahead(FragmentationLookahead):
                 if name in reserve.hosts:
                     hosted[name] = copies(node, reserve.shape)
         self._dirty = True
+
+    def _resize(self, name: str, size: _Size | None) -> None:
+        """Record the node's new size (``None``: it left)."""
+        old = self._sizes.pop(name, None)
+        if old is not None:
+            names = self._by_size[old]
+            names.discard(name)
+            if not names:
+                del self._by_size[old]
+        if size is not None:
+            self._sizes[name] = size
+            self._by_size.setdefault(size, set()).add(name)
+        self._sizes_version += 1
 
     def _count_free(self, name: str, free: dict[str, int]) -> None:
         for model, units in self._node_free.pop(name, {}).items():
@@ -282,17 +296,16 @@ class ScarcityLookahead(FragmentationLookahead):
             self._version += 1
 
     def _confined(self, histogram: Mapping[Shape, float]) -> tuple[_Reserve, ...]:
-        by_size: dict[_Size, list[str]] = {}
-        for name, size in self._sizes.items():
-            by_size.setdefault(size, []).append(name)
         reserves = []
         for shape, probability in histogram.items():
             if shape.gpu_count == 0:
                 continue
-            room = sum(len(names) for size, names in by_size.items() if _may_host(size, shape, cpu=False))
-            hosts = frozenset(n for size, names in by_size.items() if _may_host(size, shape, cpu=True) for n in names)
-            if hosts and len(hosts) < CONFINED_SHARE * room:
-                reserves.append(_Reserve(shape, probability, shape.gpu_count * shape.per_gpu, hosts))
+            room = sum(len(names) for size, names in self._by_size.items() if _may_host(size, shape, cpu=False))
+            hosting = [names for size, names in self._by_size.items() if _may_host(size, shape, cpu=True)]
+            count = sum(map(len, hosting))
+            if count and count < CONFINED_SHARE * room:
+                reserves.append(_Reserve(shape, probability, shape.gpu_count * shape.per_gpu,
+                                         frozenset().union(*hosting)))
         return tuple(reserves)
 
     def _charges(self) -> _Prices:
