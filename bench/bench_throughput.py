@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.bench_throughput [--nodes 5000,15000] [--pods 10000] [--policies all]
                                                [--node-choices filter,prioritize]
                                                [--data ../shared/data/openb] [--seed 42]
-                                               [--host-requests fixed|trace]
+                                               [--host-requests fixed|trace] [--scrape-interval 15]
 
 For each cluster size a local API server holds ``--nodes`` nodes of 8 x 16 GiB GPUs. ``--pods`` pending pods are
 created first, their GPU shapes drawn from the openb trace (fractional, whole-GPU and multi-GPU pods, in the
@@ -32,7 +32,9 @@ time the extender's filter handler took by its own clock (its /metrics histogram
 is the HTTP round trip and waiting for a core), the extender's CPU seconds per pod (bind included, from /proc)
 and its resident memory at the end, and the CPU per pod of the loop's process and of the API server's, so that
 what the extender adds to the machine can be read beside what kube-scheduler and the API server spend.
-Progress goes to stderr; the table to stdout.
+While a policy's row runs, its extender's /metrics is scraped every ``--scrape-interval`` seconds, as Prometheus
+would (0: never), so that what a scrape costs the GPU path is in the figures. Progress goes to stderr; the table to
+stdout.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -214,6 +217,27 @@ def filter_answer_ms(url: str) -> float | None:
     return 1000 * totals["gpushare_extender_request_duration_seconds_sum"] / count if count else None
 
 
+@contextmanager
+def scraping(url: str | None, interval_s: float) -> Iterator[None]:
+    """GET ``url`` (a /metrics) every ``interval_s`` seconds in the background, as Prometheus scrapes a target."""
+    if url is None or interval_s <= 0:
+        yield
+        return
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.wait(interval_s):
+            httpx.get(url, timeout=30)
+
+    scraper = threading.Thread(target=scrape, name="scraper", daemon=True)
+    scraper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        scraper.join()
+
+
 def per_pod_ms(seconds: float, pods: int) -> float:
     return 1000 * seconds / max(pods, 1)
 
@@ -312,8 +336,8 @@ class Run:
     api_cpu_ms: float
 
 
-def measure(nodes: int, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]], seed: int, workdir: Path
-            ) -> list[Row]:
+def measure(nodes: int, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]], seed: int, workdir: Path,
+            scrape_interval_s: float) -> list[Row]:
     """The floor, the null extender, then one row per (policy, node choice) of ``runs``."""
     rows = []
     progress(f"{nodes} nodes: starting the local API server")
@@ -323,13 +347,16 @@ def measure(nodes: int, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]]
         core = client.CoreV1Api(api)
         kube = Kube.from_api_client(api)
 
-        def scheduled(prefix: str, what: str, url: str | None, extender_pid: int | None) -> Run:
-            """Create the pods, let the loop schedule them (through ``url``, if given), and count."""
+        def scheduled(prefix: str, what: str, url: str | None, extender_pid: int | None,
+                      metrics_url: str | None = None) -> Run:
+            """Create the pods, let the loop schedule them (through ``url``, if given, scraping ``metrics_url``
+            meanwhile), and count."""
             progress(f"{nodes} nodes: {what}, creating {len(shapes)} pods")
             create_pods(core, shapes, prefix)
             extender_before = proc_cpu_s(extender_pid) if extender_pid is not None else 0.0
             loop_before, api_before = time.process_time(), proc_cpu_s(api_pid)
-            seconds, counted, loop = run_loop(client.ApiClient(configuration), url, len(shapes), seed, what)
+            with scraping(metrics_url, scrape_interval_s):
+                seconds, counted, loop = run_loop(client.ApiClient(configuration), url, len(shapes), seed, what)
             loop_s, api_s = time.process_time() - loop_before, proc_cpu_s(api_pid) - api_before
             extender_s = proc_cpu_s(extender_pid) - extender_before if extender_pid is not None else None
             done = bound_count(kube)
@@ -349,7 +376,7 @@ def measure(nodes: int, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]]
             what = f"{policy}, chosen in {choice}"
             log = workdir / f"extender-{nodes}-{policy}-{choice}.log"
             with extender(kubeconfig, policy, choice, seed, log) as (url, pid):
-                run = scheduled(f"{policy}-{choice}", what, url + "/gpushare-scheduler", pid)
+                run = scheduled(f"{policy}-{choice}", what, url + "/gpushare-scheduler", pid, url + "/metrics")
                 rss = proc_rss_mib(pid)
                 answered_ms = filter_answer_ms(url)
             rows.append(Row(what, run.pods_per_s, run.bound, *loop_figures(run.loop), answered_ms, run.extender_cpu_ms,
@@ -395,6 +422,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host-requests", choices=("fixed", "trace"), default="fixed",
                         help=f"each pod's CPU and memory requests: {FIXED_CPU} CPU and {FIXED_MEMORY} (fixed), or its "
                              "trace pod's (trace: 126 distinct shapes in the default trace instead of 24)")
+    parser.add_argument("--scrape-interval", type=float, default=15.0, metavar="SECONDS",
+                        help="how often each policy's extender's /metrics is scraped during its row, as Prometheus "
+                             "would (0: never)")
     parser.add_argument("--serve-cluster", type=int, metavar="NODES", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -408,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     shapes = trace_shapes(args.data, args.pods, args.seed, args.host_requests == "trace")
     with tempfile.TemporaryDirectory(prefix="gpushare-throughput-") as tmp:
         for nodes in (int(n) for n in args.nodes.split(",")):
-            print(table(nodes, measure(nodes, shapes, runs, args.seed, Path(tmp))), flush=True)
+            print(table(nodes, measure(nodes, shapes, runs, args.seed, Path(tmp), args.scrape_interval)), flush=True)
             print(flush=True)
     return 0
 
