@@ -13,7 +13,8 @@ pod's CPU and memory (nodes have 96 CPUs and 768 GiB). Then the local cluster's 
 kube-scheduler's pattern (serial cycles over the first ``numFeasibleNodesToFind`` feasible nodes from a
 rotating start, prioritize when more than one node passed, binds in the background):
 
-* **floor**: the same loop with no extender (it accounts ``aliyun.com/gpu-mem`` itself and binds directly);
+* **floor**: the same loop with no extender (it accounts ``aliyun.com/gpu-mem`` itself and binds directly), first
+  and again after the last row: the machine's pace drifts over a run, so each ratio is to the mean of the two;
 * **null extender** (``bench.null_extender``): the loop through an extender that only passes the first name and
   makes the plain Binding, on the same HTTP stack: what the round trips cost, so that the gap between it and a
   policy's row is the extender's own work;
@@ -338,7 +339,7 @@ class Run:
 
 def measure(nodes: int, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]], seed: int, workdir: Path,
             scrape_interval_s: float) -> list[Row]:
-    """The floor, the null extender, then one row per (policy, node choice) of ``runs``."""
+    """The floor, the null extender, one row per (policy, node choice) of ``runs``, then the floor again."""
     rows = []
     progress(f"{nodes} nodes: starting the local API server")
     with api_server(nodes, workdir) as (kubeconfig, api_pid):
@@ -363,10 +364,13 @@ def measure(nodes: int, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]]
             return Run(counted / seconds, done, loop, None if extender_s is None else per_pod_ms(extender_s, done),
                        per_pod_ms(loop_s, done), per_pod_ms(api_s, done))
 
-        floor = scheduled("floor", "floor (no extender)", None, None)
-        rows.append(Row("floor: no extender", floor.pods_per_s, floor.bound, None, None, None, None, None,
-                        floor.loop_cpu_ms, floor.api_cpu_ms))
-        delete_pods(kube, core)
+        def floor(prefix: str, what: str) -> Row:
+            run = scheduled(prefix, what, None, None)
+            delete_pods(kube, core)
+            return Row(f"{what}: no extender", run.pods_per_s, run.bound, None, None, None, None, None,
+                       run.loop_cpu_ms, run.api_cpu_ms)
+
+        rows.append(floor("floor", "floor"))
         with null_extender(kubeconfig, workdir / f"null-extender-{nodes}.log") as (url, pid):
             null = scheduled("null", "the null extender", url, pid)
         rows.append(Row("null extender: HTTP and the Binding only", null.pods_per_s, null.bound,
@@ -382,6 +386,7 @@ def measure(nodes: int, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]]
             rows.append(Row(what, run.pods_per_s, run.bound, *loop_figures(run.loop), answered_ms, run.extender_cpu_ms,
                             rss, run.loop_cpu_ms, run.api_cpu_ms))
             delete_pods(kube, core)
+        rows.append(floor("floor-again", "floor again"))
     return rows
 
 
@@ -393,7 +398,7 @@ def loop_figures(loop: SchedulerLoop) -> tuple[tuple[float, float] | None, float
 
 
 def table(nodes: int, rows: Sequence[Row]) -> str:
-    floor = rows[0].pods_per_s
+    floor = statistics.mean(row.pods_per_s for row in rows if row.setup.startswith("floor"))
     body = []
     for row in rows:
         cycle = f"{row.cycle_ms[0]:.1f} / {row.cycle_ms[1]:.1f}" if row.cycle_ms else "-"
