@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpushare.contract import ModelRule, PodRequest
 from gpushare.model import GPU, Node
 from gpushare.policies import DEFAULT_POLICY, choose_node, extender_scores, make_policy, node_priority, policy_names
+from gpushare.policies.base import follows_cluster, follows_inventory
 from gpushare.policies.fgd import FragmentationGradient
 from gpushare.policies.lookahead import FragmentationLookahead
 from gpushare.policies.simple import Binpack, Spread
@@ -243,3 +247,26 @@ def test_binpack_counts_an_exclusive_pod_as_filling_its_gpu() -> None:
                                                                         holders=1)])
     candidate = Binpack().evaluate(node, PodRequest(per_gpu=2, exclusive=True))
     assert candidate is not None and candidate.gpus == (0,) and candidate.score == 1.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(frees=st.lists(st.integers(0, 1000), min_size=1, max_size=8), cpu_used=st.integers(0, 32000),
+       memory_used=st.integers(0, 65536), units=st.integers(1, 1000), count=st.integers(1, 3),
+       cpu=st.integers(0, 32000), memory=st.integers(1, 65536), name=st.sampled_from(policy_names()))
+def test_where_a_pod_fits_its_memory_request_changes_no_score(frees: list[int], cpu_used: int, memory_used: int,
+                                                               units: int, count: int, cpu: int, memory: int,
+                                                               name: str) -> None:
+    """Filter shares scores between pods that differ only in memory (``Policy.evaluate``): a policy may read the
+    memory request only to tell whether the pod fits."""
+    host = node("n", *frees, cpu=32000, cpu_used=min(cpu_used, 32000), memory=65536)
+    host.memory_used = memory_used
+    learned = workload((Shape(1, 500, 4000), 3.0), (Shape(2, 1000, 16000), 1.0), (Shape(8, 1000, 30000), 0.1))
+    policy = make_policy(name, learned)
+    if follows_inventory(policy):
+        policy.observe_inventory({"T4": 1000 * len(frees)})
+    if follows_cluster(policy):
+        policy.observe_nodes([host, node("spare", 1000, 1000, cpu=32000, memory=65536)])
+    request = PodRequest(per_gpu=units, gpu_count=count, cpu_milli=cpu, memory_mib=memory)
+    if not host.fits(request):
+        return
+    assert policy.evaluate(host, request) == policy.evaluate(host, replace(request, memory_mib=0))

@@ -34,7 +34,9 @@ class Policy(Protocol):
         """The best placement of ``request`` on ``node``, or ``None`` if it does not fit.
 
         ``None`` exactly when ``node.fits(request)`` is false: whether a pod fits is a fact of the node and the
-        request, never of what the policy has learned, so callers may keep it across ``version`` changes."""
+        request, never of what the policy has learned, so callers may keep it across ``version`` changes. The
+        request's memory is read only for that (``Node.fits_host_resources``): where the pod fits, its score and
+        GPUs are those of the same request without memory, so callers may share them between such requests."""
         ...
 
     def observe(self, request: PodRequest) -> None:
