@@ -378,3 +378,21 @@ def test_the_log_of_changes_names_each_changed_node_once_and_says_when_a_reader_
     assert cache.changes(position)[1] is None, "the entries after the reader's position are gone"
     latest, names = cache.changes(cache.changes(0)[0] - 1)
     assert names == ["a"] and cache.changes(latest) == (latest, [])
+
+
+def test_the_states_filter_passes_on_are_those_of_the_nodes_that_passed_in_order() -> None:
+    """Scoring reads ``passed_states`` instead of looking the names up again: one out of step scores the wrong node."""
+    cache = ClusterCache()
+    for name, gpus in (("a", [16384]), ("b", [4096]), ("c", [16384, 16384]), ("d", [16384])):
+        cache.upsert_node(node_info(name, gpus))
+    cache.upsert_pod(gpu_pod("held", 10, node="d", gpus=(0,)))
+    request = parse_request(gpu_pod("p", 8))
+    for _ in range(2):  # judged afresh, then from the shape's table
+        out = cache.filter(["d", "a", "b", "ghost", "c"], request, explain=False)
+        assert out.passed == ["a", "c"]
+        assert out.left_out == ["d", "b", "ghost"]
+        assert out.passed_states == [cache._node_states[n] for n in out.passed]
+        assert out.passed_states[0] != out.passed_states[1]  # different nodes: different states
+    cache.upsert_pod(gpu_pod("more", 10, node="c", gpus=(0,)))  # c changes state and still fits
+    out = cache.filter(["a", "c"], request, explain=False)
+    assert out.passed == ["a", "c"] and out.passed_states == [cache._node_states["a"], cache._node_states["c"]]
