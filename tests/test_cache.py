@@ -396,3 +396,25 @@ def test_the_states_filter_passes_on_are_those_of_the_nodes_that_passed_in_order
     cache.upsert_pod(gpu_pod("more", 10, node="c", gpus=(0,)))  # c changes state and still fits
     out = cache.filter(["a", "c"], request, explain=False)
     assert out.passed == ["a", "c"] and out.passed_states == [cache._node_states["a"], cache._node_states["c"]]
+
+
+def test_the_log_of_changes_leaves_out_events_that_change_no_state() -> None:
+    """The watch confirming a bind's reservation, or a node's status heartbeat, changes nothing decisions read:
+    a policy that follows the cluster must not copy the node again for it. A real change is still named."""
+    cache = ClusterCache()
+    info = node_info("a", [16384, 16384])
+    cache.upsert_node(info)
+    request = parse_request(gpu_pod("one", 4))
+    position = cache.changes(0)[0]
+    cache.reserve("a", "default/one", "uid-one", request, lambda n: binpack(n, request))
+    position, names = cache.changes(position)
+    assert names == ["a"], "the reservation changed the node"
+    cache.upsert_pod(gpu_pod("one", 4, node="a", gpus=(0,), phase="Running"))
+    cache.upsert_node(info)
+    assert cache.changes(position) == (position, []), "the bound pod and the same node again changed nothing"
+    assert used(cache, "a") == [4, 0]
+    cache.delete_pod(gpu_pod("one", 4, node="a", gpus=(0,), phase="Running"))
+    position, names = cache.changes(position)
+    assert names == ["a"], "the pod that left changed the node"
+    cache.delete_node("a")
+    assert cache.changes(position)[1] == ["a"], "a node that left is named"

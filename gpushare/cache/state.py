@@ -147,9 +147,9 @@ class ClusterCache:
         return capacity
 
     def changes(self, position: int) -> tuple[int, list[str] | None]:
-        """The names of the nodes that changed (or left) since ``position``, a number this returned before (0 at
-        first), and the position to ask from next time; ``None`` instead of names when the log no longer
-        reaches back that far (the reader should then read every node)."""
+        """The names of the nodes whose state id changed (they came, left, or changed what decisions read) since
+        ``position``, a number this returned before (0 at first), and the position to ask from next time; ``None``
+        instead of names when the log no longer reaches back that far (the reader should then read every node)."""
         with self._index_lock:
             end = self._changes_start + len(self._changes)
             if position < self._changes_start:
@@ -697,25 +697,29 @@ class ClusterCache:
             self._summaries[name] = summary
         affinity = frozenset(v for g in entry.state.gpus for v in g.affinity)
         with self._index_lock:
-            self._changes.append(name)
-            if len(self._changes) > MAX_CHANGES:
-                dropped = len(self._changes) // 2
-                del self._changes[:dropped]
-                self._changes_start += dropped
             if affinity != entry.affinity:
                 self._index_affinity(name, entry.affinity, affinity)
                 entry.affinity = affinity
+            before = self._node_states.get(name)
             if summary is None:
                 self._node_states.pop(name, None)
-                return
-            state_id = self._state_ids.get(signature)
-            if state_id is None:
-                if len(self._state_ids) >= MAX_STATE_IDS:
-                    self._state_ids.clear()
-                state_id = self._state_ids[signature] = self._next_state_id
-                self._next_state_id += 1
-            entry.state_id = state_id
-            self._node_states[name] = state_id
+            else:
+                state_id = self._state_ids.get(signature)
+                if state_id is None:
+                    if len(self._state_ids) >= MAX_STATE_IDS:
+                        self._state_ids.clear()
+                    state_id = self._state_ids[signature] = self._next_state_id
+                    self._next_state_id += 1
+                entry.state_id = state_id
+                self._node_states[name] = state_id
+            # Logged only when what decisions read changed: the watch confirming a bind's reservation, or a
+            # node's status heartbeat, leaves the state as it was, and readers would copy the node for nothing.
+            if self._node_states.get(name) != before:
+                self._changes.append(name)
+                if len(self._changes) > MAX_CHANGES:
+                    dropped = len(self._changes) // 2
+                    del self._changes[:dropped]
+                    self._changes_start += dropped
 
     def _index_affinity(self, name: str, old: frozenset[str], new: frozenset[str]) -> None:
         """Move the node between the affinity groups' node sets; call with the index lock held."""
