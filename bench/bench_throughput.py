@@ -2,12 +2,13 @@
 
     .venv/bin/python -m bench.bench_throughput [--nodes 5000,15000] [--pods 10000] [--policies all]
                                                [--node-choices filter,prioritize]
-                                               [--data ../shared/data/openb] [--seed 42]
+                                               [--data ../shared/data/openb] [--trace default] [--seed 42]
                                                [--host-requests fixed|trace] [--scrape-interval 15]
 
 For each cluster size a local API server holds ``--nodes`` nodes of 8 x 16 GiB GPUs. ``--pods`` pending pods are
-created first, their GPU shapes drawn from the openb trace (fractional, whole-GPU and multi-GPU pods, in the
-trace's proportions; memory = the trace's GPU fraction x 16 GiB, at least 1 GiB; model constraints dropped,
+created first, their GPU shapes drawn from an openb trace (``--trace``: fractional, whole-GPU and multi-GPU pods,
+in the trace's proportions, which differ across the family: multigpu30 has more multi-GPU pods, gpushare60 more
+fractional ones; memory = the trace's GPU fraction x 16 GiB, at least 1 GiB; model constraints dropped,
 since every GPU here is the same), each requesting 1 CPU and 2 GiB, or with ``--host-requests trace`` its trace
 pod's CPU and memory (nodes have 96 CPUs and 768 GiB). Then the local cluster's scheduler loop schedules them all with
 kube-scheduler's pattern (serial cycles over the first ``numFeasibleNodesToFind`` feasible nodes from a
@@ -117,10 +118,10 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def trace_shapes(data: Path, count: int, seed: int, trace_host_requests: bool = False) -> list[Shape]:
-    """``count`` GPU shapes drawn from the trace's GPU pods, with replacement, in the trace's proportions; with
+def trace_shapes(data: Path, trace: str, count: int, seed: int, trace_host_requests: bool = False) -> list[Shape]:
+    """``count`` GPU shapes drawn from the named trace's GPU pods, with replacement, in its proportions; with
     ``trace_host_requests``, each with its trace pod's CPU and memory requests too (many more distinct shapes)."""
-    pods = [p for p in openb.load_pods(data) if p.num_gpu]
+    pods = [p for p in openb.load_pods(data, trace) if p.num_gpu]
     rng = random.Random(seed)
     shapes = []
     for pod in rng.choices(pods, k=count):
@@ -397,7 +398,7 @@ def loop_figures(loop: SchedulerLoop) -> tuple[tuple[float, float] | None, float
             percentile(binds, 0.99) if binds else None)
 
 
-def table(nodes: int, rows: Sequence[Row]) -> str:
+def table(rows: Sequence[Row]) -> str:
     floor = statistics.mean(row.pods_per_s for row in rows if row.setup.startswith("floor"))
     body = []
     for row in rows:
@@ -411,7 +412,7 @@ def table(nodes: int, rows: Sequence[Row]) -> str:
     headers = ["setup", "pods/s", "x floor", "bound", "filter+prioritize ms (median / p99)", "bind p99 ms",
                "filter handler ms (mean)",
                "extender CPU ms/pod", "extender RSS MiB", "loop CPU ms/pod", "API server CPU ms/pod"]
-    return f"{nodes} nodes x {NODE_GPUS} GPUs\n" + tabulate(body, headers=headers, tablefmt="github")
+    return tabulate(body, headers=headers, tablefmt="github")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -423,6 +424,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"comma-separated --node-choice values each policy runs with "
                              f"({', '.join(NodeChoice)}; default {NodeChoice.FILTER.value})")
     parser.add_argument("--data", type=Path, default=openb.DEFAULT_DATA, help="the openb folder (pod shapes)")
+    parser.add_argument("--trace", choices=sorted(openb.TRACES), default="default",
+                        help="the openb trace in --data whose GPU pods the shapes are drawn from")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--host-requests", choices=("fixed", "trace"), default="fixed",
                         help=f"each pod's CPU and memory requests: {FIXED_CPU} CPU and {FIXED_MEMORY} (fixed), or its "
@@ -440,10 +443,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     policies.sort(key=lambda p: p != DEFAULT_POLICY)
     runs = [(policy, NodeChoice(choice).value) for policy in policies for choice in args.node_choices.split(",")]
     sys.setswitchinterval(DRIVER_SWITCH_INTERVAL_S)
-    shapes = trace_shapes(args.data, args.pods, args.seed, args.host_requests == "trace")
+    shapes = trace_shapes(args.data, args.trace, args.pods, args.seed, args.host_requests == "trace")
     with tempfile.TemporaryDirectory(prefix="gpushare-throughput-") as tmp:
         for nodes in (int(n) for n in args.nodes.split(",")):
-            print(table(nodes, measure(nodes, shapes, runs, args.seed, Path(tmp), args.scrape_interval)), flush=True)
+            rows = measure(nodes, shapes, runs, args.seed, Path(tmp), args.scrape_interval)
+            print(f"{nodes} nodes x {NODE_GPUS} GPUs, pods of openb's {args.trace} trace\n{table(rows)}", flush=True)
             print(flush=True)
     return 0
 
