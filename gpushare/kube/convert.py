@@ -13,7 +13,9 @@ def _get(obj: Any, snake: str, camel: str | None = None) -> Any:
     """Read a field from a client model object or from its JSON dict form."""
     if obj is None:
         return None
-    if isinstance(obj, Mapping):
+    # ``type(obj) is dict`` first: JSON from the wire and the watch is always a dict, and a check against the
+    # Mapping ABC costs a Python-level call, dozens of times per pod.
+    if type(obj) is dict or isinstance(obj, Mapping):
         return obj.get(camel or snake)
     return getattr(obj, snake, None)
 
