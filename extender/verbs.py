@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable, Hashable
 from dataclasses import replace
 from itertools import chain, filterfalse
 from typing import Any, cast, overload
@@ -15,7 +16,7 @@ from gpushare.cache.fitindex import FilterOutcome, shape_key
 from gpushare.cache.state import ClusterCache
 from gpushare.contract import PodRequest
 from gpushare.model import Node
-from gpushare.policies import Policy, extender_scores, favourite_of
+from gpushare.policies import Policy, extender_scores, favourite_of_states
 from gpushare.policies.base import (
     MAX_EXTENDER_SCORE,
     ClusterAware,
@@ -91,11 +92,16 @@ class Verbs:
         """
         passed = outcome.passed
         if self.choose_in_filter and len(passed) > 1:
-            scores = self._scores(policy, request, passed, max_reads, outcome.passed_states, all_fit=True)
-            if scores is None:
+            scoring = self._scoring(policy, request, max_reads, all_fit=True)
+            if scoring is None:
                 return None
+            key, score = scoring
+            evaluated = self.cache.evaluate_states(passed, key, score, max_reads, outcome.passed_states)
+            if evaluated is None:
+                return None
+            states, scores = evaluated
             # The policy may fail on a node that fits (logged there): the favourite is among the others.
-            best = favourite_of(passed, scores, self.tie_seed)
+            best = favourite_of_states(passed, states, scores, self.tie_seed)
             if best is not None:
                 passed = [best]
         return filter_result(args, passed, outcome.failed, outcome.unresolvable)
@@ -139,7 +145,11 @@ class Verbs:
             return {0: [name for name in names if name != planned],
                     MAX_EXTENDER_SCORE: [planned] if planned in names else []}
 
-        scores = self._scores(policy, wanted, names, max_reads)
+        scoring = self._scoring(policy, wanted, max_reads)
+        if scoring is None:
+            return None
+        key, score = scoring
+        scores = self.cache.evaluate_memoised(names, key, score, max_reads)
         if scores is None:
             return None
         named = dict(zip(names, scores, strict=True))
@@ -153,12 +163,12 @@ class Verbs:
             ranked.setdefault(0, []).extend(filterfalse(fitting.__contains__, names))
         return ranked
 
-    def _scores(self, policy: Policy, wanted: PodRequest, names: list[str], max_reads: int | None,
-                states: list[int | None] | None = None, all_fit: bool = False) -> list[float | None] | None:
-        """The raw score of each of ``names`` with ``policy`` (the pod's), ``None`` where the pod does not fit;
-        with ``max_reads``, ``None`` instead when more nodes than that must be evaluated afresh (see
-        ``ClusterCache.evaluate_memoised``) or copied for the policy to follow. ``states``: the names' state ids
-        where a filter just read them; ``all_fit``: the pod fits every one of ``names`` (a filter just said so)."""
+    def _scoring(self, policy: Policy, wanted: PodRequest, max_reads: int | None, all_fit: bool = False
+                 ) -> tuple[Hashable, Callable[[Node], float | None]] | None:
+        """The key under which the cache remembers the nodes' raw scores with ``policy`` (the pod's), and the
+        score of one node (``None`` where the pod does not fit), once the policy has seen what changed in the
+        cluster; with ``max_reads``, ``None`` instead when more nodes than that changed and must be copied for the
+        policy to follow. ``all_fit``: the pod fits every node to be scored (a filter just said so)."""
         if follows_inventory(policy):
             policy.observe_inventory(self.cache.gpu_capacity())
         policy_name = policy.name  # the guard below narrows ``policy`` to the protocol, which has no name
@@ -177,5 +187,4 @@ class Verbs:
             return None if candidate is None or not math.isfinite(candidate.score) else candidate.score
 
         # A node's score changes only with its state, the pod's shape and what the policy has learned.
-        key = (policy.name, shape_key(wanted), policy_version(policy))
-        return self.cache.evaluate_memoised(names, key, score, max_reads, states)
+        return (policy.name, shape_key(wanted), policy_version(policy)), score

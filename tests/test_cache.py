@@ -147,6 +147,51 @@ def test_reservation_holds_until_the_watch_confirms_it() -> None:
     assert used(cache, "n1") == [10, 0]
 
 
+def test_the_watch_confirming_a_reservation_gives_its_placement_the_pods_uid_and_keeps_the_state() -> None:
+    """Preemption names its victims by UID, which a reservation does not hold; a confirmation that shows the pod
+    holding something else than was reserved is accounted as the watch shows it."""
+    cache = ClusterCache()
+    cache.upsert_node(node_info("n1", [16384, 16384]))
+    pod = gpu_pod("p", 10)
+    request = parse_request(pod)
+    cache.reserve("n1", pod.key, pod.uid, request, lambda n: binpack(n, request))
+    state = cache._node_states["n1"]
+    with cache.locked("n1") as node:
+        assert node is not None and node.placements[pod.key].uid == ""
+    cache.upsert_pod(gpu_pod("p", 10, node="n1", gpus=(0,), phase="Running"))
+    assert cache.reservations() == 0 and cache._node_states["n1"] == state and used(cache, "n1") == [10, 0]
+    with cache.locked("n1") as node:
+        assert node is not None and node.placements[pod.key].uid == "uid-p"
+
+    other = gpu_pod("q", 4)
+    wanted = parse_request(other)
+    cache.reserve("n1", other.key, other.uid, wanted, lambda n: binpack(n, wanted))
+    assert used(cache, "n1") == [14, 0]
+    cache.upsert_pod(gpu_pod("q", 6, node="n1", gpus=(0,), phase="Running"))  # its GPU, with more memory
+    assert cache.reservations() == 0 and used(cache, "n1") == [16, 0]
+    with cache.locked("n1") as node:
+        assert node is not None and node.placements[other.key].uid == "uid-q"
+
+
+def test_memoised_answers_are_read_once_per_state_and_given_per_state() -> None:
+    cache = ClusterCache()
+    for name in ("a1", "a2", "a3"):
+        cache.upsert_node(node_info(name, [16384]))
+    cache.upsert_node(node_info("b", [8192]))
+    reads: list[str] = []
+
+    def free(node: Node) -> int:
+        reads.append(node.name)
+        return node.gpus[0].free
+
+    evaluated = cache.evaluate_states(["a2", "b", "a1", "gone", "a3"], "k", free)
+    assert evaluated is not None
+    states, answers = evaluated
+    assert states == [cache._node_states[n] for n in ("a2", "b", "a1")] + [None, cache._node_states["a3"]]
+    assert answers == {states[0]: 16, states[1]: 8, None: None}
+    assert reads == ["a2", "b"]  # the first node of each state, in the names' order
+
+
 def test_released_reservation_frees_the_gpu() -> None:
     cache = ClusterCache()
     cache.upsert_node(node_info("n1", [16384]))

@@ -345,15 +345,27 @@ class ClusterCache:
     def evaluate_memoised(self, names: Sequence[str], key: Hashable, read: Callable[[Node], T],
                           max_reads: int | None = None, states: list[int | None] | None = None
                           ) -> list[T | None] | None:
-        """``read`` of each of ``names`` (``None`` for unknown nodes), in their order, each answer remembered under
-        ``key`` for the node's state (``state_signature``): every node in that state shares it, and a node that
-        changes gets its answer for its new state.
+        """``read`` of each of ``names`` (``None`` for unknown nodes), in their order: ``evaluate_states`` spelt out
+        per name (prioritize answers for every name)."""
+        evaluated = self.evaluate_states(names, key, read, max_reads, states)
+        if evaluated is None:
+            return None
+        states, answers = evaluated
+        return list(map(answers.__getitem__, states))
+
+    def evaluate_states(self, names: Sequence[str], key: Hashable, read: Callable[[Node], T],
+                        max_reads: int | None = None, states: list[int | None] | None = None
+                        ) -> tuple[list[int | None], dict[int | None, T | None]] | None:
+        """The state id of each of ``names`` (``None`` for unknown nodes) and ``read``'s answer for each of those
+        states, remembered under ``key`` for the state (``state_signature``): every node in that state shares it,
+        and a node that changes gets its answer for its new state.
 
         ``read`` must depend on nothing but the node's state and what ``key`` names (for a score: the policy,
         the request's shape and the version of what the policy learned). kube-scheduler sends the same nodes
         for pod after pod and few of them change in between, and large clusters hold many nodes in identical
-        states (empty ones, full ones), so most answers are lookups: C-level passes over the names.
-        With ``max_reads``, ``None`` instead when more nodes than that have no answer yet (nothing is read):
+        states (empty ones, full ones): a window of hundreds of names holds a handful of states, so the answers
+        are looked up per state, not per name (the one pass per name is the C-level one that finds the states).
+        With ``max_reads``, ``None`` instead when more states than that have no answer yet (nothing is read):
         the caller can answer on its event loop when the work is lookups, and elsewhere when it is not.
         ``states``: the nodes' state ids as a filter just read them (``FilterOutcome.passed_states``), so that
         the names are not looked up again.
@@ -362,22 +374,21 @@ class ClusterCache:
         if states is None:
             # Lock-free: at worst the answer for the node's state from just before a change.
             states = list(map(self._node_states.get, names))
-        lookup = cast(Callable[[int | None, object], Any], table.get)  # None, for no node, is never a key
-        found: list[Any] = list(map(lookup, states, repeat(_UNKNOWN)))
-        # The positions without an answer, found in C: usually the few nodes that changed since the last pod.
-        missing = list(compress(range(len(found)), map(is_, found, repeat(_UNKNOWN))))
+        answers: dict[int | None, Any] = dict.fromkeys(states)  # each state once, in the order the names show them
+        missing = []
+        for state in answers:
+            if state is not None:
+                known = answers[state] = table.get(state, _UNKNOWN)
+                if known is _UNKNOWN:
+                    missing.append(state)
         if missing:
-            if max_reads is not None and len({states[i] for i in missing} - {None}) > max_reads:  # one read per state
+            if max_reads is not None and len(missing) > max_reads:
                 return None
-            for i in missing:
-                state = states[i]
-                if state is None:
-                    found[i] = None
-                    continue
-                # Nodes in one state share its answer: only the first of them is read, under its node's lock.
-                known = table.get(state, _UNKNOWN)
-                found[i] = known if known is not _UNKNOWN else self._answer(names[i], table, read)
-        return found
+            # One node per state is read, under its lock: the first of the names in that state.
+            first = dict(zip(reversed(states), reversed(names), strict=True))
+            for state in missing:
+                answers[state] = self._answer(first[state], table, read)
+        return states, answers
 
     def _answer(self, name: str, table: dict[int, Any], read: Callable[[Node], Any]) -> Any:
         """One node's answer for its current state: from ``table``, else ``read`` and remembered there."""
@@ -662,6 +673,13 @@ class ClusterCache:
                 with self._registry:
                     if self._pod_nodes.get(key) != current or self._reservations.get(key) is not reservation:
                         continue
+                    if (reservation is not None and target is not None and current == target[0]
+                            and replace(target[1], uid=reservation.placement.uid) == reservation.placement):
+                        # The watch confirms the reservation as it was made: the node's state is already what
+                        # decisions read, and only the pod's UID is new to its placement.
+                        self._entries[current].state.placements[key] = target[1]
+                        del self._reservations[key]
+                        return
                     if current is not None:
                         self._entries[current].state.remove(key)
                     if target is not None:

@@ -15,7 +15,7 @@ from gpushare.policies.base import (
     choose_node,
     extender_scores,
     favourite,
-    favourite_of,
+    favourite_of_states,
     node_priority,
 )
 from gpushare.policies.registry import DEFAULT_POLICY, make_policy, policy_names
@@ -27,7 +27,7 @@ __all__ = [
     "choose_node",
     "extender_scores",
     "favourite",
-    "favourite_of",
+    "favourite_of_states",
     "make_policy",
     "node_priority",
     "policy_names",

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import combinations, compress, groupby, repeat
-from operator import eq, is_not
-from typing import Protocol, TypeGuard, cast, runtime_checkable
+from itertools import combinations, compress, groupby
+from typing import Protocol, TypeGuard, TypeVar, runtime_checkable
 
 from gpushare.contract import PodRequest
 from gpushare.model import GPU, Node
 
 MAX_EXTENDER_SCORE = 10
+
+S = TypeVar("S", bound=Hashable)
 
 # Beyond this many candidate GPU sets a multi-GPU pod's topology search keeps only the tightest GPUs.
 MAX_TOPOLOGY_COMBINATIONS = 256
@@ -142,26 +143,27 @@ def choose_node(nodes: Iterable[Node], request: PodRequest, policy: Policy,
 def favourite(scores: Mapping[str, float], seed: int = 0) -> str:
     """The name with the highest score, ties broken by ``node_priority``: the node the policy places the pod on
     (the one ``extender_scores`` gives the top score). ``scores`` must not be empty."""
-    best = favourite_of(scores, scores.values(), seed)
+    names = list(scores)
+    best = favourite_of_states(names, names, scores, seed)  # each name its own state
     if best is None:
         raise ValueError("favourite() needs at least one score")
     return best
 
 
-def favourite_of(names: Iterable[str], scores: Collection[float | None], seed: int = 0) -> str | None:
-    """``favourite`` of parallel names and scores, where ``None`` is a node that does not fit; ``None`` if none fits.
+def favourite_of_states(names: Iterable[str], states: Iterable[S], scores: Mapping[S, float | None],
+                        seed: int = 0) -> str | None:
+    """``favourite`` of ``names``, each in the state of the same position in ``states``, scored per state
+    (``None``: a node in that state does not fit); ``None`` if none fits.
 
-    C-level passes: filter asks this for hundreds of nodes per pod, and building a dict of them first cost as
-    much as choosing.
+    Filter asks this for hundreds of nodes per pod, which share a handful of states: the scores are compared per
+    state, and the names are passed over once, in C, to find those in the best states.
     """
-    fitting = scores if None not in scores else list(filter(_is_score, scores))
+    fitting = [score for score in scores.values() if score is not None]
     if not fitting:
         return None
-    high = max(cast(Iterable[float], fitting))
-    return max(compress(names, map(eq, scores, repeat(high))), key=_tie_breaks(seed).__getitem__)
-
-
-_is_score = functools.partial(is_not, None)
+    high = max(fitting)
+    best = {state for state, score in scores.items() if score is not None and score == high}
+    return max(compress(names, map(best.__contains__, states)), key=_tie_breaks(seed).__getitem__)
 
 
 def extender_scores(scores: Mapping[str, float], seed: int = 0) -> dict[int, list[str]]:
