@@ -6,8 +6,9 @@ import functools
 import hashlib
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import combinations, compress, groupby
-from typing import Protocol, TypeGuard, TypeVar, runtime_checkable
+from itertools import combinations, compress, groupby, repeat
+from operator import eq, is_not
+from typing import Protocol, TypeGuard, TypeVar, cast, runtime_checkable
 
 from gpushare.contract import PodRequest
 from gpushare.model import GPU, Node
@@ -155,15 +156,20 @@ def favourite_of_states(names: Iterable[str], states: Iterable[S], scores: Mappi
     """``favourite`` of ``names``, each in the state of the same position in ``states``, scored per state
     (``None``: a node in that state does not fit); ``None`` if none fits.
 
-    Filter asks this for hundreds of nodes per pod, which share a handful of states: the scores are compared per
-    state, and the names are passed over once, in C, to find those in the best states.
+    Filter asks this for hundreds of nodes per pod, which share a handful of states, and prioritize (through
+    ``favourite``) for hundreds of names that are their own states: C-level passes, over the states and then once
+    over the names to find those in the best states.
     """
-    fitting = [score for score in scores.values() if score is not None]
+    values = scores.values()
+    fitting = list(filter(_is_score, values))
     if not fitting:
         return None
-    high = max(fitting)
-    best = {state for state, score in scores.items() if score is not None and score == high}
+    high = max(cast(list[float], fitting))
+    best = set(compress(scores, map(eq, values, repeat(high))))
     return max(compress(names, map(best.__contains__, states)), key=_tie_breaks(seed).__getitem__)
+
+
+_is_score = functools.partial(is_not, None)
 
 
 def extender_scores(scores: Mapping[str, float], seed: int = 0) -> dict[int, list[str]]:
