@@ -37,7 +37,7 @@ class FilterOutcome:
     """Nodes that fail, not worded because some node passed (see ``ClusterCache.filter``)."""
     passed_states: list[int | None] | None = None
     """The cache's state number of each of ``passed``, in order, where the filter read them; for scoring the same
-    nodes with ``ClusterCache.evaluate_memoised`` without looking every name up again."""
+    nodes with ``ClusterCache.evaluate_states`` without looking every name up again."""
 
 
 def shape_key(request: PodRequest) -> tuple[Any, ...]:
