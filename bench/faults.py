@@ -252,14 +252,17 @@ class BindAnswer:
 def bind_all(rig: Rig, pods: Sequence[dict[str, Any]], node_of: Callable[[int], str],
              fault: Callable[[], None] | None = None) -> list[BindAnswer]:
     """Filter each pod onto its node, then send every bind at once, as kube-scheduler's bind goroutines do;
-    ``fault`` is injected as soon as the first bind is answered, while the others are still in flight (after a
-    fixed delay, fast binds could all be done)."""
+    ``fault`` is injected as soon as the first bind is answered, while others are still in flight. The second
+    half of the binds is sent only once the fault is in: on a busy machine the first half can all be answered
+    before the fault lands, and a scenario that met no fault would prove nothing."""
     answered = threading.Event()
+    injected = threading.Event()
 
     def inject() -> None:
         answered.wait()
         if fault is not None:
             fault()
+        injected.set()
 
     with httpx.Client(base_url=rig.extender_url + PREFIX, timeout=60) as http:
         for i, pod in enumerate(pods):
@@ -269,6 +272,8 @@ def bind_all(rig: Rig, pods: Sequence[dict[str, Any]], node_of: Callable[[int], 
         def bind(item: tuple[int, dict[str, Any]]) -> BindAnswer:
             i, pod = item
             meta = pod["metadata"]
+            if injector is not None and i >= (len(pods) + 1) // 2:
+                injected.wait()
             started = time.perf_counter()
             try:
                 response = http.post("/bind", content=orjson.dumps({
