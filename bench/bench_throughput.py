@@ -32,7 +32,8 @@ must not set the pace; "bound" says how many were bound in the end), the ratio t
 extender's time per pod (filter + prioritize as the loop saw it: median and p99), bind latency p99, the mean
 time the extender's filter handler took by its own clock (its /metrics histogram: the rest of the loop's figure
 is the HTTP round trip and waiting for a core), the extender's CPU seconds per pod (bind included, from /proc)
-and its resident memory at the end, and the CPU per pod of the loop's process and of the API server's, so that
+and its resident memory at the end, its full garbage collections during the row (each a pause of every request in
+flight; from its /metrics), and the CPU per pod of the loop's process and of the API server's, so that
 what the extender adds to the machine can be read beside what kube-scheduler and the API server spend.
 While a policy's row runs, its extender's /metrics is scraped every ``--scrape-interval`` seconds, as Prometheus
 would (0: never), so that what a scrape costs the GPU path is in the figures. Progress goes to stderr; the table to
@@ -112,6 +113,7 @@ class Row:
     rss_mib: float | None
     loop_cpu_ms_per_pod: float
     api_cpu_ms_per_pod: float
+    full_collections: int | None = None  # the extender's full garbage collections while the row ran
 
 
 def progress(message: str) -> None:
@@ -209,14 +211,19 @@ def proc_rss_mib(pid: int) -> float:
     return 0.0
 
 
-def filter_answer_ms(url: str) -> float | None:
-    """The mean of the extender's filter request durations (its /metrics histogram), in milliseconds."""
-    totals = {sample.name: sample.value
-              for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text)
-              if family.name == "gpushare_extender_request_duration_seconds" for sample in family.samples
-              if sample.labels.get("verb") == "filter" and sample.name.endswith(("_sum", "_count"))}
-    count = totals.get("gpushare_extender_request_duration_seconds_count", 0.0)
-    return 1000 * totals["gpushare_extender_request_duration_seconds_sum"] / count if count else None
+def extender_figures(url: str) -> tuple[float | None, int]:
+    """From the extender's /metrics: the mean of its filter request durations in milliseconds, and how many full
+    garbage collections it has made."""
+    filter_totals, full = {}, 0
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text):
+        for sample in family.samples:
+            if family.name == "gpushare_extender_request_duration_seconds" and sample.labels.get("verb") == "filter":
+                filter_totals[sample.name] = sample.value
+            elif sample.name == "python_gc_collections_total" and sample.labels.get("generation") == "2":
+                full = int(sample.value)
+    count = filter_totals.get("gpushare_extender_request_duration_seconds_count", 0.0)
+    mean_ms = 1000 * filter_totals["gpushare_extender_request_duration_seconds_sum"] / count if count else None
+    return mean_ms, full
 
 
 @contextmanager
@@ -381,11 +388,12 @@ def measure(nodes: int, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]]
             what = f"{policy}, chosen in {choice}"
             log = workdir / f"extender-{nodes}-{policy}-{choice}.log"
             with extender(kubeconfig, policy, choice, seed, log) as (url, pid):
+                _, full_before = extender_figures(url)
                 run = scheduled(f"{policy}-{choice}", what, url + "/gpushare-scheduler", pid, url + "/metrics")
                 rss = proc_rss_mib(pid)
-                answered_ms = filter_answer_ms(url)
+                answered_ms, full_after = extender_figures(url)
             rows.append(Row(what, run.pods_per_s, run.bound, *loop_figures(run.loop), answered_ms, run.extender_cpu_ms,
-                            rss, run.loop_cpu_ms, run.api_cpu_ms))
+                            rss, run.loop_cpu_ms, run.api_cpu_ms, full_after - full_before))
             delete_pods(kube, core)
         rows.append(floor("floor-again", "floor again"))
     return rows
@@ -408,10 +416,11 @@ def table(rows: Sequence[Row]) -> str:
                      "-" if row.filter_answer_ms is None else f"{row.filter_answer_ms:.2f}",
                      "-" if row.cpu_ms_per_pod is None else f"{row.cpu_ms_per_pod:.2f}",
                      "-" if row.rss_mib is None else f"{row.rss_mib:.0f}",
+                     "-" if row.full_collections is None else str(row.full_collections),
                      f"{row.loop_cpu_ms_per_pod:.2f}", f"{row.api_cpu_ms_per_pod:.2f}"])
     headers = ["setup", "pods/s", "x floor", "bound", "filter+prioritize ms (median / p99)", "bind p99 ms",
-               "filter handler ms (mean)",
-               "extender CPU ms/pod", "extender RSS MiB", "loop CPU ms/pod", "API server CPU ms/pod"]
+               "filter handler ms (mean)", "extender CPU ms/pod", "extender RSS MiB", "extender full GCs",
+               "loop CPU ms/pod", "API server CPU ms/pod"]
     return tabulate(body, headers=headers, tablefmt="github")
 
 

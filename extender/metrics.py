@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -97,6 +97,11 @@ class ExtenderMetrics:
         self._first_filter: OrderedDict[str, float] = OrderedDict()
         self._waiting_lock = threading.Lock()
         self.registry.register(_ClusterCollector(cache, is_leader))
+        # What every Python exporter shows on the default registry: the process's CPU, memory and open files, and
+        # the garbage collector's runs per generation (a full collection pauses every request in flight).
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
 
     def filtered(self, uid: str) -> None:
         """Remember when a pod was first filtered (kube-scheduler filters it again on every retry)."""

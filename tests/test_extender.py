@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections.abc import Iterator, Mapping
@@ -26,6 +27,7 @@ from test_extender_harness import (
     wait_for,
 )
 
+from extender.app import FULL_COLLECTION_AFTER
 from extender.config import ExtenderConfig, NodeChoice
 from gpushare.contract import (
     ANN_ASSIGNED,
@@ -469,6 +471,21 @@ def test_metrics_count_gpus_and_memory_per_model(env: Env) -> None:
     assert env.metric('gpushare_cluster_idle_gpus{model="Tesla-V100-SXM2-32GB"}') == 0
     assert env.metric('gpushare_cluster_idle_gpus{model="Tesla-T4"}') == 3
     assert "gpushare_gpu_memory" not in env.http.get("/metrics").text
+
+
+def test_metrics_show_the_process_and_its_garbage_collector(cluster: LocalCluster) -> None:
+    """CPU, memory and the collector's runs, as every Python exporter shows them; by the time the extender is
+    ready, its first list is frozen and full collections (each a pause of every request in flight) are rare."""
+    gc.set_threshold(700, 10, 10)  # CPython's default, as in a fresh process
+    with running_extender(cluster) as url:
+        env = Env(cluster, url)
+        assert gc.get_threshold()[2] == FULL_COLLECTION_AFTER
+        assert env.metric("process_resident_memory_bytes") > 10 * 2**20
+        assert env.metric("process_cpu_seconds_total") > 0
+        full = env.metric('python_gc_collections_total{generation="2"}')
+        assert full >= 1  # the collection just before the freeze
+        gc.collect()
+        assert env.metric('python_gc_collections_total{generation="2"}') == full + 1
 
 
 def test_the_unit_flag_never_overrides_the_unit_a_node_publishes(cluster: LocalCluster) -> None:
