@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter as Tally
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,19 +36,22 @@ class _ClusterCollector(Collector):
         self._is_leader = is_leader
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        rows = self._cache.evaluate(self._cache.node_names(), _gpu_rows)
+        # Summed per node state, each state's totals remembered by the cache until no node is in it: a node's state
+        # fixes its totals, and thousands of nodes share a handful of states. Node by node, a scrape held the
+        # interpreter for 35 ms at 5,000 nodes and 99 ms at 15,000, a stall of every filter and bind in flight.
+        evaluated = self._cache.evaluate_states(self._cache.node_names(), _TOTALS_KEY, _gpu_totals)
+        states, totals = evaluated if evaluated is not None else ([], {})  # None only with a max_reads
         per_model: dict[str, list[int]] = {}  # model -> [GPUs, idle GPUs, MiB, MiB allocated]
         nodes = 0
-        for node_rows in rows.values():
-            if node_rows is None:
+        for state, count in Tally(states).items():
+            node_totals = totals[state]
+            if node_totals is None:
                 continue
-            nodes += 1
-            for model, idle, mib, allocated_mib in node_rows:
+            nodes += count
+            for model, sums in node_totals.items():
                 counts = per_model.setdefault(model, [0, 0, 0, 0])
-                counts[0] += 1
-                counts[1] += idle
-                counts[2] += mib
-                counts[3] += allocated_mib
+                for i, value in enumerate(sums):
+                    counts[i] += value * count
         help_texts = ("Healthy GPUs in the extender's cache.",
                       "Healthy GPUs with nothing allocated on them: what whole-GPU and multi-GPU pods need.",
                       "Memory of the healthy GPUs, in MiB.",
@@ -68,11 +72,20 @@ class _ClusterCollector(Collector):
                                 "--leader-elect), else 0.", value=1 if self._is_leader() else 0)
 
 
-def _gpu_rows(node: Node) -> list[tuple[str, int, int, int]]:
-    """Per healthy GPU: its model, 1 if nothing is allocated on it, its memory and what is allocated, in MiB (nodes
-    count in their own units)."""
+_TOTALS_KEY = "metrics: GPU totals per model"
+
+
+def _gpu_totals(node: Node) -> dict[str, tuple[int, int, int, int]]:
+    """Per model of the node's healthy GPUs: how many, how many have nothing allocated, their memory and what is
+    allocated, in MiB (nodes count in their own units)."""
     mib = node.unit.mib
-    return [(g.model, int(g.used == 0 and g.holders == 0), g.total * mib, g.used * mib) for g in node.gpus if g.healthy]
+    totals: dict[str, tuple[int, int, int, int]] = {}
+    for g in node.gpus:
+        if g.healthy:
+            gpus, idle, memory, allocated = totals.get(g.model, (0, 0, 0, 0))
+            totals[g.model] = (gpus + 1, idle + int(g.used == 0 and g.holders == 0), memory + g.total * mib,
+                               allocated + g.used * mib)
+    return totals
 
 
 class ExtenderMetrics:
