@@ -36,9 +36,10 @@ class _ClusterCollector(Collector):
         self._is_leader = is_leader
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        # Summed per node state, each state's totals remembered by the cache until no node is in it: a node's state
-        # fixes its totals, and thousands of nodes share a handful of states. Node by node, a scrape held the
-        # interpreter for 35 ms at 5,000 nodes and 99 ms at 15,000, a stall of every filter and bind in flight.
+        # Summed per node state, each state's totals remembered by the cache as a policy's scores are: thousands of
+        # nodes share a few hundred states. (A state fixes every field read here but the unit, and no GPU's memory
+        # is the same number in MiB as another's in GiB.) Node by node, a scrape held the interpreter for 35 ms at
+        # 5,000 nodes and 99 ms at 15,000, a stall of every filter and bind in flight.
         evaluated = self._cache.evaluate_states(self._cache.node_names(), _TOTALS_KEY, _gpu_totals)
         states, totals = evaluated if evaluated is not None else ([], {})  # None only with a max_reads
         per_model: dict[str, list[int]] = {}  # model -> [GPUs, idle GPUs, MiB, MiB allocated]
