@@ -203,7 +203,7 @@ def _bound(answer: bytes) -> bool:
 
 def create_app(config: ExtenderConfig, kube: Kube) -> VerbRoutes:
     """Build the extender around one API server's ``Kube``; the watch starts with the app."""
-    cache = ClusterCache(config.unit)
+    cache = ClusterCache(config.unit, config.tie_seed)
     watch = ClusterWatch(kube.nodes.list_call, kube.pods.list_call, cache, list_budgets=kube.budgets.list_call)
     book = PolicyBook(config.policy, load_workload(config.workload_seed) if config.workload_seed else None)
     requests = RequestCache()
@@ -214,10 +214,10 @@ def create_app(config: ExtenderConfig, kube: Kube) -> VerbRoutes:
                                component=GANG_COMPONENT)
 
     gangs = Gangs(cache, watch.gangs, requests, book, kube.pod_groups, gang_event, metrics_registry,
-                  config.gang_timeout_s, config.tie_seed)
-    verbs = Verbs(cache, book, requests, gangs, config.tie_seed, config.node_choice is NodeChoice.FILTER)
+                  config.gang_timeout_s)
+    verbs = Verbs(cache, book, requests, gangs, config.node_choice is NodeChoice.FILTER)
     preempt = Preempt(cache, requests, watch.budgets)
-    binder = Binder(kube.pods, cache, book, watch.pending, config.bind_timeout_s)
+    binder = Binder(kube.pods, cache, book, watch.pending, verbs.catch_up, config.bind_timeout_s)
     ledger = FilterLedger()
     # Binds wait on the API server; they get threads of their own, so that however slow it is, filter and
     # prioritize (Starlette's pool) keep their threads. A full pool answers at once instead of queueing.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from extender.placement import PolicyBook
@@ -64,11 +65,13 @@ class _Failed(Exception):
 
 class Binder:
     def __init__(self, pods: Pods, cache: ClusterCache, book: PolicyBook, pending: PendingPods,
-                 budget_s: float = DEFAULT_BUDGET_S) -> None:
+                 reserved: Callable[[], None], budget_s: float = DEFAULT_BUDGET_S) -> None:
+        """``reserved`` is called after each reservation, before the Binding is sent (``Verbs.catch_up``)."""
         self._pods = pods
         self._cache = cache
         self._book = book
         self._pending = pending
+        self._reserved = reserved
         self.budget_s = budget_s
 
     def bind(self, args: BindingArgs) -> BindOutcome:
@@ -124,6 +127,7 @@ class Binder:
         # decision already sees it.
         reservation = self._reserve(pod, request, args.node)
         try:
+            self._reserved()
             self._bind(pod, request, reservation, args.node, deadline)
         except BaseException:
             if not reservation.gang:  # a gang's plan keeps its GPUs for the pod's next bind, until its timeout

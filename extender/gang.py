@@ -77,7 +77,7 @@ class _Plan:
 class Gangs:
     def __init__(self, cache: ClusterCache, index: GangIndex, requests: RequestCache, book: PolicyBook,
                  pod_groups: PodGroups, record_event: RecordEvent, registry: CollectorRegistry,
-                 timeout_s: float = DEFAULT_GANG_TIMEOUT_S, tie_seed: int = 0) -> None:
+                 timeout_s: float = DEFAULT_GANG_TIMEOUT_S) -> None:
         self._cache = cache
         self._index = index
         self._requests = requests
@@ -85,7 +85,6 @@ class Gangs:
         self._pod_groups = pod_groups
         self._record_event = record_event
         self.timeout_s = timeout_s
-        self._tie_seed = tie_seed
         self._rules: dict[str, tuple[float, GangRule]] = {}
         self._plans: dict[str, _Plan] = {}
         self._lock = threading.Lock()
@@ -204,7 +203,7 @@ class Gangs:
         usable: set[str] = set()
         for wanted in {shape_key(m.request): m.request for m in planned}.values():
             usable.update(self._cache.filter(names, wanted).passed)
-        plan = plan_gang(self._cache.snapshot(n for n in names if n in usable), planned, need, self._tie_seed)
+        plan = plan_gang(self._cache.snapshot(n for n in names if n in usable), planned, need, self._cache.tie_seed)
         if not plan.placed:
             self.rejections.labels("unfit").inc()
             return _none(names, f"gang {ref.key}: {plan.fitted} of the {need} members it still needs fit the "

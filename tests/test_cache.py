@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 
 import pytest
@@ -25,7 +26,7 @@ from gpushare.contract import (
     parse_request,
 )
 from gpushare.model import Node, build_node
-from gpushare.policies import make_policy
+from gpushare.policies import make_policy, node_priority
 
 
 def node_info(name: str, gpus_mib: list[int], models: list[str] | None = None, cpu: str = "32") -> NodeInfo:
@@ -441,6 +442,43 @@ def test_the_states_filter_passes_on_are_those_of_the_nodes_that_passed_in_order
     cache.upsert_pod(gpu_pod("more", 10, node="c", gpus=(0,)))  # c changes state and still fits
     out = cache.filter(["a", "c"], request, explain=False)
     assert out.passed == ["a", "c"] and out.passed_states == [cache._node_states["a"], cache._node_states["c"]]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 3), st.integers(8, 60), st.lists(st.tuples(st.sampled_from(["bind", "unbind", "leave", "join"]),
+                                                              st.integers(0, 59), st.sampled_from([4, 8, 16])),
+                                                    max_size=40),
+       st.randoms(use_true_random=False), st.data())
+def test_the_favourite_is_the_highest_ranked_name_of_the_best_states_whatever_the_nodes_went_through(
+        seed: int, count: int, changes: list[tuple[str, int, int]], rng: random.Random, data: st.DataObject) -> None:
+    """Filter finds the favourite by walking each best state's nodes in priority order: it must be the name that
+    ranking the window's names in those states would choose, after binds, releases and nodes that come and go.
+    Equal nodes share a state, so the walk (a state of many nodes, many of them in the window) is taken."""
+    cache = ClusterCache(tie_seed=seed)
+    names = [f"node-{i}" for i in range(count)]
+    for name in names:
+        cache.upsert_node(node_info(name, [16384, 16384]))
+    for step, (what, index, units) in enumerate(changes):
+        name = names[index % count]
+        pod = gpu_pod(f"p{step}", units, node=name, gpus=(step % 2,), phase="Running")
+        if what == "bind":
+            cache.upsert_pod(pod)
+        elif what == "unbind":
+            for key in [k for k, n in cache._pod_nodes.items() if n == name][:1]:
+                cache.delete_pod(gpu_pod(key.split("/")[1], units, node=name, gpus=(0,), phase="Running"))
+        elif what == "leave":
+            cache.delete_node(name)
+        else:
+            cache.upsert_node(node_info(name, [16384, 16384]))
+    window = [*rng.sample(names, data.draw(st.integers(1, count))), "ghost"]
+    out = cache.filter(window, parse_request(gpu_pod("new", 4)), explain=False)
+    if not out.passed:
+        return
+    states = out.passed_states
+    best = set(data.draw(st.lists(st.sampled_from(sorted(set(states))), min_size=1, unique=True)))
+    expected = max((n for n, s in zip(out.passed, states, strict=True) if s in best),
+                   key=lambda n: node_priority(n, seed))
+    assert cache.favourite(out.passed, states, best) == expected
 
 
 def test_the_log_of_changes_leaves_out_events_that_change_no_state() -> None:

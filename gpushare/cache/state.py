@@ -14,13 +14,15 @@ state a table has no answer for yet is judged under its node's lock.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
+from bisect import bisect_left, insort
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
-from itertools import compress, filterfalse, repeat
+from itertools import compress, filterfalse, islice, repeat
 from operator import is_, not_
 from typing import Any, TypeVar, cast
 
@@ -36,6 +38,7 @@ from gpushare.contract import (
     read_assignment,
 )
 from gpushare.model import Node, Placement, build_node, gpu_capacity, placement_of, state_signature
+from gpushare.policies import highest_priority, node_priority
 from gpushare.preemption import Held, VictimSet, ViolationCount, find_victims, hold
 
 log = logging.getLogger(__name__)
@@ -96,9 +99,12 @@ class _Entry:
 class ClusterCache:
     """Per-node GPU state for every node, fed by ``ClusterWatch`` and changed by bind's reservations."""
 
-    def __init__(self, unit: MemoryUnit = MemoryUnit.GiB) -> None:
+    def __init__(self, unit: MemoryUnit = MemoryUnit.GiB, tie_seed: int = 0) -> None:
         self.unit = unit
         """The unit of nodes whose device plugin does not publish one; every other node is read in its own."""
+        self.tie_seed = tie_seed
+        """The seed of ``node_priority``, by which ``favourite`` breaks ties."""
+        self._priority = functools.partial(node_priority, seed=tie_seed)
         self._entries: dict[str, _Entry] = {}
         self._summaries: dict[str, NodeSummary] = {}
         self._registry = threading.Lock()
@@ -111,6 +117,8 @@ class ClusterCache:
         self._state_ids: dict[Hashable, int] = {}
         self._next_state_id = 0
         self._node_states: dict[str, int] = {}
+        # Node state id -> the names of the nodes in that state, by ``node_priority``, lowest first.
+        self._ranked: dict[int, list[str]] = {}
         # key -> node state id -> answer.
         self._answer_tables: dict[Hashable, dict[int, Any]] = {}
         # When each fit table's shape and each answer table's key was last asked for: the least recently used goes
@@ -389,6 +397,37 @@ class ClusterCache:
             for state in missing:
                 answers[state] = self._answer(first[state], table, read)
         return states, answers
+
+    def favourite(self, names: Sequence[str], states: list[int | None], best: Collection[int | None]) -> str:
+        """Of ``names``, in the ``states`` a filter read for them, the node in one of the ``best`` states that
+        ``node_priority`` ranks highest (with the cache's seed): the policy's favourite, once the scores have chosen
+        the states (``best_states``). Some name must be in a best state.
+
+        Filter asks this for every GPU pod, and ranking the names themselves costs a lookup of each: half of
+        openb gpushare60's pods find 200 or more names in the best states. Each state keeps its nodes by priority
+        instead, and a walk down from the top meets one of the k names among the state's n nodes after about
+        n/k of them. A state is walked where that is well under k, and given up after k (a node may have changed
+        state since the filter read it); the names in the other best states are ranked themselves.
+        """
+        found: list[str] = []
+        among: set[str] | None = None
+        unwalked: set[int | None] = set()
+        with self._index_lock:
+            for state in best:
+                count = states.count(state)
+                ranked = self._ranked.get(state, []) if state is not None else []
+                if len(ranked) > count * count // 4:
+                    unwalked.add(state)
+                    continue
+                among = set(names) if among is None else among
+                top = next(filter(among.__contains__, islice(reversed(ranked), count)), None)
+                if top is None:
+                    unwalked.add(state)
+                else:
+                    found.append(top)
+        if unwalked:
+            found.extend(compress(names, map(unwalked.__contains__, states)))
+        return highest_priority(found, self.tie_seed)
 
     def _answer(self, name: str, table: dict[int, Any], read: Callable[[Node], Any]) -> Any:
         """One node's answer for its current state: from ``table``, else ``read`` and remembered there."""
@@ -732,12 +771,24 @@ class ClusterCache:
                 self._node_states[name] = state_id
             # Logged only when what decisions read changed: the watch confirming a bind's reservation, or a
             # node's status heartbeat, leaves the state as it was, and readers would copy the node for nothing.
-            if self._node_states.get(name) != before:
+            after = self._node_states.get(name)
+            if after != before:
+                if before is not None:
+                    self._unrank(before, name)
+                if after is not None:
+                    insort(self._ranked.setdefault(after, []), name, key=self._priority)
                 self._changes.append(name)
                 if len(self._changes) > MAX_CHANGES:
                     dropped = len(self._changes) // 2
                     del self._changes[:dropped]
                     self._changes_start += dropped
+
+    def _unrank(self, state: int, name: str) -> None:
+        """Take the node out of its former state's ranking; call with the index lock held."""
+        ranked = self._ranked[state]
+        del ranked[ranked.index(name, bisect_left(ranked, self._priority(name), key=self._priority))]
+        if not ranked:
+            del self._ranked[state]
 
     def _index_affinity(self, name: str, old: frozenset[str], new: frozenset[str]) -> None:
         """Move the node between the affinity groups' node sets; call with the index lock held."""

@@ -12,10 +12,12 @@ from __future__ import annotations
 from gpushare.policies.base import (
     Candidate,
     Policy,
+    best_states,
     choose_node,
     extender_scores,
     favourite,
     favourite_of_states,
+    highest_priority,
     node_priority,
 )
 from gpushare.policies.registry import DEFAULT_POLICY, make_policy, policy_names
@@ -24,10 +26,12 @@ __all__ = [
     "DEFAULT_POLICY",
     "Candidate",
     "Policy",
+    "best_states",
     "choose_node",
     "extender_scores",
     "favourite",
     "favourite_of_states",
+    "highest_priority",
     "make_policy",
     "node_priority",
     "policy_names",

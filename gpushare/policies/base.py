@@ -81,7 +81,7 @@ def _implements(kind: type, protocol: type) -> bool:
     return issubclass(kind, protocol)
 
 
-def policy_version(policy: Policy) -> int:
+def policy_version(policy: object) -> int:
     """Policies that learn expose ``version``; it changes whenever their answers may change (0 for the rest)."""
     version = getattr(policy, "version", 0)
     return version if isinstance(version, int) else 0
@@ -160,13 +160,26 @@ def favourite_of_states(names: Iterable[str], states: Iterable[S], scores: Mappi
     ``favourite``) for hundreds of names that are their own states: C-level passes, over the states and then once
     over the names to find those in the best states.
     """
+    best = best_states(scores)
+    if not best:
+        return None
+    return highest_priority(compress(names, map(best.__contains__, states)), seed)
+
+
+def best_states(scores: Mapping[S, float | None]) -> set[S]:
+    """The states of ``scores`` with the highest score (``None``: a node in that state does not fit); empty if
+    none fits. The favourite is the node of these that ``node_priority`` ranks highest."""
     values = scores.values()
     fitting = list(filter(_is_score, values))
     if not fitting:
-        return None
+        return set()
     high = max(cast(list[float], fitting))
-    best = set(compress(scores, map(eq, values, repeat(high))))
-    return max(compress(names, map(best.__contains__, states)), key=_tie_breaks(seed).__getitem__)
+    return set(compress(scores, map(eq, values, repeat(high))))
+
+
+def highest_priority(names: Iterable[str], seed: int = 0) -> str:
+    """The name ``node_priority`` ranks highest: the tie-break among equal scores. ``names`` must not be empty."""
+    return max(names, key=_tie_breaks(seed).__getitem__)
 
 
 _is_score = functools.partial(is_not, None)
