@@ -481,6 +481,21 @@ def test_the_favourite_is_the_highest_ranked_name_of_the_best_states_whatever_th
     assert cache.favourite(out.passed, states, best) == expected
 
 
+def test_a_status_update_of_a_pod_as_accounted_rebuilds_nothing() -> None:
+    """Kubelets update a running pod's status several times; the watch shows each, and none changes what
+    decisions read: the node's state and summary are not rebuilt for it. A changed placement still counts."""
+    cache = ClusterCache()
+    cache.upsert_node(node_info("a", [16384, 16384]))
+    cache.upsert_pod(gpu_pod("one", 4, node="a", gpus=(0,), phase="Pending"))
+    summary = cache._summaries["a"]
+    cache.upsert_pod(gpu_pod("one", 4, node="a", gpus=(0,), phase="Running"))
+    assert cache._summaries["a"] is summary
+    assert used(cache, "a") == [4, 0]
+    cache.upsert_pod(gpu_pod("one", 4, node="a", gpus=(1,), phase="Running"))
+    assert cache._summaries["a"] is not summary
+    assert used(cache, "a") == [0, 4]
+
+
 def test_the_log_of_changes_leaves_out_events_that_change_no_state() -> None:
     """The watch confirming a bind's reservation, or a node's status heartbeat, changes nothing decisions read:
     a policy that follows the cluster must not copy the node again for it. A real change is still named."""

@@ -712,6 +712,11 @@ class ClusterCache:
                 with self._registry:
                     if self._pod_nodes.get(key) != current or self._reservations.get(key) is not reservation:
                         continue
+                    if (reservation is None and target is not None and current == target[0]
+                            and self._entries[current].state.placements.get(key) == target[1]):
+                        # The pod as already accounted (a status update, a label): nothing decisions read changed,
+                        # and the node's state and summary need not be rebuilt.
+                        return
                     if (reservation is not None and target is not None and current == target[0]
                             and replace(target[1], uid=reservation.placement.uid) == reservation.placement):
                         # The watch confirms the reservation as it was made: the node's state is already what
