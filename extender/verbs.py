@@ -34,9 +34,9 @@ class Verbs:
         self.requests = requests
         self.gangs = gangs
         self.choose_in_filter = choose_in_filter
-        # Per policy that follows the cluster's free capacity, how far it has read the cache's log of changes.
-        self._read_to: dict[str, int] = {}
-        self._followers: dict[str, ClusterAware] = {}
+        # Per policy that follows the cluster's free capacity (by name): the policy, and how far it has read the
+        # cache's log of changes.
+        self._followers: dict[str, tuple[ClusterAware, int]] = {}
         self._follow_lock = threading.Lock()
 
     @overload
@@ -111,7 +111,8 @@ class Verbs:
         ``max_reads``, ``False`` instead, reading nothing, when more nodes than that changed (or the log of
         changes no longer reaches back: every node must be read, as at the first prioritize)."""
         with self._follow_lock:
-            position, names = self.cache.changes(self._read_to.get(name, 0))
+            _, read_to = self._followers.get(name, (policy, 0))
+            position, names = self.cache.changes(read_to)
             if max_reads is not None and (names is None or len(names) > max_reads):
                 return False
             if names is None:
@@ -120,8 +121,7 @@ class Verbs:
                 nodes = self.cache.snapshot(names)
                 known = {n.name for n in nodes}
                 policy.observe_nodes(nodes, [n for n in names if n not in known])
-            self._read_to[name] = position
-            self._followers[name] = policy
+            self._followers[name] = (policy, position)
             return True
 
     def catch_up(self) -> None:
@@ -132,7 +132,7 @@ class Verbs:
         filter at 5,000 nodes). The policy sees the same nodes either way, so it decides the same.
         """
         with self._follow_lock:
-            followers = list(self._followers.items())
+            followers = [(name, policy) for name, (policy, _) in self._followers.items()]
         for name, policy in followers:
             self._follow(name, policy, None)
             policy_version(policy)
