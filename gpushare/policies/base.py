@@ -156,9 +156,9 @@ def favourite_of_states(names: Iterable[str], states: Iterable[S], scores: Mappi
     """``favourite`` of ``names``, each in the state of the same position in ``states``, scored per state
     (``None``: a node in that state does not fit); ``None`` if none fits.
 
-    Filter asks this for hundreds of nodes per pod, which share a handful of states, and prioritize (through
-    ``favourite``) for hundreds of names that are their own states: C-level passes, over the states and then once
-    over the names to find those in the best states.
+    Prioritize asks this (through ``favourite``) for hundreds of names that are their own states: C-level passes,
+    over the states and then once over the names to find those in the best states. Filter's windows share a
+    handful of states, and ``ClusterCache.favourite`` finds the same node from each state's ranked nodes.
     """
     best = best_states(scores)
     if not best:
