@@ -62,6 +62,8 @@ def test_serves_with_json_logs(kubeconfig: str) -> None:
         assert view["nodes"][0]["totalGPU"] == 15  # the node publishes GiB: its unit wins over --unit
     started = next(entry for entry in logs if entry["msg"] == "starting gpushare extender")
     assert started["level"] == "INFO" and started["unit"] == "MiB" and started["policy"] == DEFAULT_POLICY
+    # The lock installs uvloop wherever the tests run (not on Windows), and the extender serves on it.
+    assert started["event_loop"] == "uvloop"
     assert all("color_message" not in entry for entry in logs)
 
 
