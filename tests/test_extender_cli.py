@@ -67,6 +67,19 @@ def test_serves_with_json_logs(kubeconfig: str) -> None:
     assert all("color_message" not in entry for entry in logs)
 
 
+def test_serves_on_asyncio_where_uvloop_does_not_import(kubeconfig: str, tmp_path: Path) -> None:
+    """Where uvloop does not install (Windows), the extender serves on asyncio's own loop and says so."""
+    shadow = tmp_path / "uvloop"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text('raise ImportError("uvloop is not built for this platform")\n')
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
+    with extender_process("--kubeconfig", kubeconfig, "--port", "0", env={"PYTHONPATH": path}) as (url, logs):
+        wait_ready(url)
+        assert httpx.get(url + "/version").json() == {"version": "0.1.0"}
+    started = next(entry for entry in logs if entry["msg"] == "starting gpushare extender")
+    assert started["event_loop"] == "asyncio"
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
 def test_serves_https(kubeconfig: str, tmp_path: Path) -> None:
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
