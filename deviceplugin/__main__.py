@@ -112,8 +112,10 @@ def main(argv: list[str] | None = None) -> None:
         # Exit code 2, as argparse uses for a bad command line: the operator must change a setting.
         print(f"gpushare-device-plugin: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    backend = make_backend(args, node)
+    # Logging first: the NVML backend reports a missing driver as it starts, and that sentence must be a JSON
+    # line at the operator's level like every other.
     configure_logging(args.log_level)
+    backend = make_backend(args, node)
     # watchfiles logs every folder change at INFO; the plugin logs the ones that matter itself.
     logging.getLogger("watchfiles").setLevel(logging.WARNING)
     unit = MemoryUnit(args.unit)

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
+from conftest import short_tmpdir
+from kubernetes import client
 
 from deviceplugin.__main__ import main
 from deviceplugin.devices import device_id, device_ids, gpus_of, units_of, uuid_of
@@ -47,6 +52,7 @@ from gpushare.contract import (
     new_assignment,
     parse_request,
 )
+from gpushare.localcluster import LocalCluster
 
 V100 = GPUDevice(index=0, uuid="GPU-aaaa", model="V100", memory_mib=16160, numa=0)
 A100 = GPUDevice(index=1, uuid="GPU-bbbb", model="A100", memory_mib=40960, numa=1)
@@ -432,3 +438,36 @@ def test_the_command_line_refuses_incomplete_settings_with_a_sentence(monkeypatc
          f"{absent}/preload"], capsys)
     assert f"--isolation mps needs the MPS daemon's pipe folder {absent} (--mps-pipe-dir)" in refused(
         [*on_node, "--isolation", "mps", "--mps-pipe-dir", str(absent)], capsys)
+
+
+def test_without_a_driver_the_plugin_process_says_so_in_one_json_line(local_cluster: LocalCluster,
+                                                                      tmp_path: Path) -> None:
+    """The whole command, as the DaemonSet runs it on a node without the NVIDIA driver: the sentence is a JSON
+    log line like every other (it was plain text when the backend started before logging was set up), and the
+    plugin publishes zero GPUs and keeps running."""
+    kubeconfig = local_cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    with short_tmpdir() as plugin_dir, (tmp_path / "plugin.log").open("w+b") as log:
+        plugin = subprocess.Popen([sys.executable, "-m", "deviceplugin", "--node-name", "node-0", "--kubeconfig",
+                                   str(kubeconfig), "--backend", "nvml", "--device-plugin-dir", str(plugin_dir),
+                                   "--pod-resources-socket", str(plugin_dir / "pod-resources.sock"),
+                                   "--metrics-address", "127.0.0.1", "--metrics-port", "0"],
+                                  stdout=log, stderr=subprocess.STDOUT)
+        try:
+            core: Any = client.CoreV1Api(local_cluster.api_client())
+            deadline = time.monotonic() + 30
+            while core.read_node("node-0").status.capacity.get(RESOURCE_GPU_COUNT) != "0":
+                assert plugin.poll() is None, (tmp_path / "plugin.log").read_text()
+                assert time.monotonic() < deadline, "the plugin did not publish zero GPUs"
+                time.sleep(0.05)
+            assert plugin.poll() is None
+        finally:
+            plugin.terminate()
+            plugin.wait(timeout=10)
+        log.seek(0)
+        lines = log.read().decode().splitlines()
+    entries = [json.loads(line) for line in lines]  # every line is JSON: none escaped the formatter
+    driver = [e for e in entries if "driver" in e["msg"]]
+    assert [(e["level"], e["logger"]) for e in driver] == [("WARNING", "deviceplugin.nvml")]
+    assert driver[0]["msg"] == ("The NVIDIA driver is not installed on this node (NVML library not found), so it "
+                                "advertises no GPUs; install the driver and restart the device plugin.")
+    assert plugin.returncode == 0
