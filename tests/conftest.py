@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from gpushare.clusterspec import ClusterSpec
@@ -29,6 +30,23 @@ def local_cluster() -> Iterator[LocalCluster]:
     """A local API server with ``cluster_spec()``'s two nodes, inventory published."""
     with LocalCluster(cluster_spec()) as cluster:
         yield cluster
+
+
+def nvidia_driver() -> bool:
+    """Whether NVML starts on this machine: a GPU node with the NVIDIA driver."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+# The NVML backend's two paths: CI machines have no driver, a GPU node has one, and each path's tests run where it
+# can be taken (run the suite on a GPU node to exercise the second).
+without_driver = pytest.mark.skipif(nvidia_driver(), reason="tests the path of a node without the NVIDIA driver, "
+                                                            "and this machine has one")
+with_driver = pytest.mark.skipif(not nvidia_driver(), reason="needs the NVIDIA driver and a GPU (run on a GPU node)")
 
 
 @contextmanager

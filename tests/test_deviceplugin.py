@@ -12,8 +12,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
-from conftest import short_tmpdir
+from conftest import short_tmpdir, with_driver, without_driver
 from kubernetes import client
 
 from deviceplugin.__main__ import main
@@ -329,8 +330,6 @@ def test_without_container_names_the_pods_share_per_gpu_applies() -> None:
 
 
 def test_pair_scores_follow_hami() -> None:
-    import pynvml
-
     assert pair_score(pynvml.NVML_TOPOLOGY_SYSTEM, 0) == 10
     assert pair_score(pynvml.NVML_TOPOLOGY_NODE, 0) == 20
     assert pair_score(pynvml.NVML_TOPOLOGY_HOSTBRIDGE, 0) == 30
@@ -350,6 +349,7 @@ def test_the_pod_of_a_process_is_read_from_its_cgroup() -> None:
     assert pod_of_cgroup("0::/user.slice/session-1.scope\n") is None
 
 
+@without_driver
 def test_without_a_driver_the_real_nvml_backend_reports_no_gpus_in_one_sentence(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="deviceplugin")
@@ -363,6 +363,31 @@ def test_without_a_driver_the_real_nvml_backend_reports_no_gpus_in_one_sentence(
     messages = [r.getMessage() for r in caplog.records if r.name.startswith("deviceplugin")]
     assert len(messages) == 1
     assert "NVIDIA driver is not installed" in messages[0] and "advertises no GPUs" in messages[0]
+
+
+@with_driver
+def test_on_a_gpu_node_the_nvml_backend_reports_the_drivers_gpus() -> None:
+    pynvml.nvmlInit()
+    try:
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        expected = [(str(pynvml.nvmlDeviceGetUUID(h)), int(pynvml.nvmlDeviceGetMemoryInfo(h).total) >> 20)
+                    for h in handles]
+    finally:
+        pynvml.nvmlShutdown()
+    backend = NvmlBackend()
+    try:
+        gpus = backend.discover()
+        assert [(g.uuid, g.memory_mib) for g in gpus] == expected
+        assert [g.index for g in gpus] == list(range(len(expected)))
+        used = backend.used_mib()
+        assert set(used) == set(range(len(expected)))
+        assert all(0 <= used[g.index] <= g.memory_mib for g in gpus)
+        started = time.monotonic()
+        event = backend.wait_event(0.2)  # registered for XIDs (or not, where the GPU refuses): bounded either way
+        assert event is None or 0 <= event.gpu_index < len(gpus)
+        assert time.monotonic() - started < 5
+    finally:
+        backend.close()
 
 
 # The simulated backend
@@ -440,6 +465,7 @@ def test_the_command_line_refuses_incomplete_settings_with_a_sentence(monkeypatc
         [*on_node, "--isolation", "mps", "--mps-pipe-dir", str(absent)], capsys)
 
 
+@without_driver
 def test_without_a_driver_the_plugin_process_says_so_in_one_json_line(local_cluster: LocalCluster,
                                                                       tmp_path: Path) -> None:
     """The whole command, as the DaemonSet runs it on a node without the NVIDIA driver: the sentence is a JSON

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pynvml
 import pytest
+from conftest import with_driver
 from test_extender_harness import running_extender
 from test_kubelet import NODE, UUIDS, Rig, eventually, rig
 
+from deviceplugin.devices import uuid_of
 from deviceplugin.isolation import Isolation, IsolationConfig
+from deviceplugin.nvml import NvmlBackend
 from gpushare.contract import (
     ANN_AFFINITY,
     ANN_ASSIGNED,
@@ -20,9 +24,11 @@ from gpushare.contract import (
     ANN_COMPUTE_LIMIT,
     ANN_GPU_INDICES,
     ANN_NODE_INVENTORY,
+    ANN_POD,
     KUBESHARE_GPU_LIMIT,
     KUBESHARE_GPU_REQUEST,
     RESOURCE_GPU_MEM,
+    decode_inventory,
 )
 from gpushare.localcluster.scheduler import SchedulerLoop
 
@@ -79,3 +85,36 @@ def test_the_compute_limit_reaches_the_container_as_its_ceiling(mode: Isolation,
     assert (node.env("burst")[variable], node.env("steady")[variable], node.env("kubeshare")[variable]) == (
         "80", "20", "50")
     assert node.env("group-1")["NVIDIA_VISIBLE_DEVICES"] == node.env("group-2")["NVIDIA_VISIBLE_DEVICES"]
+
+
+@with_driver
+def test_on_a_gpu_node_a_pod_gets_the_real_gpu_its_annotations_name() -> None:
+    """The whole path on the driver's GPUs: NVML discovery, the published inventory, the extender's choice and
+    Allocate's environment, for pods of a quarter and of half a GPU's advertised units (both fit one GPU)."""
+    pynvml.nvmlInit()
+    try:
+        uuids = [str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
+                 for i in range(pynvml.nvmlDeviceGetCount())]
+    finally:
+        pynvml.nvmlShutdown()
+    with rig(backend=NvmlBackend()) as node:
+        inventory = eventually(lambda: decode_inventory(
+            node.node()["metadata"]["annotations"].get(ANN_NODE_INVENTORY, "[]")), "the inventory annotation")
+        assert [entry.uuid for entry in inventory] == uuids
+        devices = node.kubelet.devices(RESOURCE_GPU_MEM)  # one per GiB of each GPU
+        assert {uuid_of(device) for device in devices} == set(uuids)
+        assert set(devices.values()) == {"Healthy"}
+        advertised = eventually(lambda: int(node.node()["status"]["allocatable"].get(RESOURCE_GPU_MEM, "0")),
+                                "the kubelet's gpu-mem")
+        assert advertised == len(devices)
+        per_gpu = advertised // len(uuids)
+        with running_extender(node.cluster) as url, SchedulerLoop(node.cluster.api_client(),
+                                                                  url + "/gpushare-scheduler") as loop:
+            loop.start()
+            node.create("quarter", {"c": max(per_gpu // 4, 1)})
+            node.create("half", {"c": max(per_gpu // 2, 1)})
+            for name in ("quarter", "half"):
+                annotations = node.running(name)["metadata"]["annotations"]
+                gpus = [uuids[int(i)] for i in annotations[ANN_GPU_INDICES].split(",")]
+                assert node.env(name)["NVIDIA_VISIBLE_DEVICES"] == ",".join(gpus)
+                assert node.env(name)["ALIYUN_COM_GPU_MEM_POD"] == annotations[ANN_POD]

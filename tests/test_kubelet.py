@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from conftest import short_tmpdir
+from conftest import short_tmpdir, without_driver
 from kubernetes import client
 
 from deviceplugin.allocator import Allocator
@@ -278,6 +278,7 @@ def test_a_pod_that_skipped_the_extender_fails_with_a_clear_reason(node: Rig) ->
     assert "default/rogue" not in node.kubelet.allocations
 
 
+@without_driver
 def test_without_a_driver_the_plugin_serves_an_empty_list(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="deviceplugin")
     with rig(backend=NvmlBackend()) as node:
