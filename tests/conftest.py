@@ -32,21 +32,27 @@ def local_cluster() -> Iterator[LocalCluster]:
         yield cluster
 
 
-def nvidia_driver() -> bool:
-    """Whether NVML starts on this machine: a GPU node with the NVIDIA driver."""
+def driver_gpus() -> list[tuple[str, int]] | None:
+    """The UUID and memory (MiB) of each GPU as NVML itself reports them; ``None`` where NVML does not start (no
+    NVIDIA driver): what the GPU-node tests hold the plugin's view against."""
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return True
+        return None
+    try:
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        return [(str(pynvml.nvmlDeviceGetUUID(h)), int(pynvml.nvmlDeviceGetMemoryInfo(h).total) >> 20)
+                for h in handles]
+    finally:
+        pynvml.nvmlShutdown()
 
 
 # The NVML backend's two paths: CI machines have no driver, a GPU node has one, and each path's tests run where it
 # can be taken (run the suite on a GPU node to exercise the second).
-without_driver = pytest.mark.skipif(nvidia_driver(), reason="tests the path of a node without the NVIDIA driver, "
-                                                            "and this machine has one")
-with_driver = pytest.mark.skipif(not nvidia_driver(), reason="needs the NVIDIA driver and a GPU (run on a GPU node)")
+_HAS_DRIVER = driver_gpus() is not None
+without_driver = pytest.mark.skipif(_HAS_DRIVER, reason="tests the path of a node without the NVIDIA driver, and "
+                                                        "this machine has one")
+with_driver = pytest.mark.skipif(not _HAS_DRIVER, reason="needs the NVIDIA driver and a GPU (run on a GPU node)")
 
 
 @contextmanager

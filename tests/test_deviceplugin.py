@@ -14,8 +14,9 @@ from typing import Any
 
 import pynvml
 import pytest
-from conftest import short_tmpdir, with_driver, without_driver
+from conftest import driver_gpus, short_tmpdir, with_driver, without_driver
 from kubernetes import client
+from test_kubelet import eventually
 
 from deviceplugin.__main__ import main
 from deviceplugin.devices import device_id, device_ids, gpus_of, units_of, uuid_of
@@ -367,13 +368,8 @@ def test_without_a_driver_the_real_nvml_backend_reports_no_gpus_in_one_sentence(
 
 @with_driver
 def test_on_a_gpu_node_the_nvml_backend_reports_the_drivers_gpus() -> None:
-    pynvml.nvmlInit()
-    try:
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        expected = [(str(pynvml.nvmlDeviceGetUUID(h)), int(pynvml.nvmlDeviceGetMemoryInfo(h).total) >> 20)
-                    for h in handles]
-    finally:
-        pynvml.nvmlShutdown()
+    expected = driver_gpus()
+    assert expected is not None
     backend = NvmlBackend()
     try:
         gpus = backend.discover()
@@ -480,12 +476,10 @@ def test_without_a_driver_the_plugin_process_says_so_in_one_json_line(local_clus
                                   stdout=log, stderr=subprocess.STDOUT)
         try:
             core: Any = client.CoreV1Api(local_cluster.api_client())
-            deadline = time.monotonic() + 30
-            while core.read_node("node-0").status.capacity.get(RESOURCE_GPU_COUNT) != "0":
-                assert plugin.poll() is None, (tmp_path / "plugin.log").read_text()
-                assert time.monotonic() < deadline, "the plugin did not publish zero GPUs"
-                time.sleep(0.05)
-            assert plugin.poll() is None
+            eventually(lambda: plugin.poll() is not None
+                       or core.read_node("node-0").status.capacity.get(RESOURCE_GPU_COUNT) == "0",
+                       "the plugin publishing zero GPUs", timeout_s=30)
+            assert plugin.poll() is None, (tmp_path / "plugin.log").read_text()
         finally:
             plugin.terminate()
             plugin.wait(timeout=10)

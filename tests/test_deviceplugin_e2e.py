@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import pynvml
 import pytest
-from conftest import with_driver
+from conftest import driver_gpus, with_driver
 from test_extender_harness import running_extender
 from test_kubelet import NODE, UUIDS, Rig, eventually, rig
 
@@ -91,12 +90,9 @@ def test_the_compute_limit_reaches_the_container_as_its_ceiling(mode: Isolation,
 def test_on_a_gpu_node_a_pod_gets_the_real_gpu_its_annotations_name() -> None:
     """The whole path on the driver's GPUs: NVML discovery, the published inventory, the extender's choice and
     Allocate's environment, for pods of a quarter and of half a GPU's advertised units (both fit one GPU)."""
-    pynvml.nvmlInit()
-    try:
-        uuids = [str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
-                 for i in range(pynvml.nvmlDeviceGetCount())]
-    finally:
-        pynvml.nvmlShutdown()
+    driver = driver_gpus()
+    assert driver is not None
+    uuids = [uuid for uuid, _ in driver]
     with rig(backend=NvmlBackend()) as node:
         inventory = eventually(lambda: decode_inventory(
             node.node()["metadata"]["annotations"].get(ANN_NODE_INVENTORY, "[]")), "the inventory annotation")
