@@ -227,42 +227,46 @@ class Node:
         self.memory_used -= placement.memory_mib
         return placement
 
+    # The reasons below never name the node nor carry numbers that differ between nodes in the same situation:
+    # kube-scheduler counts the nodes per distinct reason ("0/5000 nodes are available: 4200 node(s) have ..."), so
+    # a reason per node made the pod's FailedScheduling Event and its PodScheduled condition list every node, tens
+    # of kilobytes written again at each retry. ``kubectl inspect gpushare`` shows each GPU's free memory.
+
     def unresolvable_reason(self, request: PodRequest) -> str | None:
         """Why the pod could not run here even on an empty node, or ``None`` if it could."""
         if self.defect is not None:
             return self.defect
         models = [g for g in self.gpus if request.models.accepts(g.model)]
         if not self.gpus:
-            return f"node {self.name} has no GPUs that gpushare manages"
+            return "node(s) have no GPUs that gpushare manages"
         if not models:
             have = ", ".join(sorted({g.model for g in self.gpus}))
-            return f"node {self.name} has no GPU of model {request.models.describe()} (it has {have})"
+            return f"node(s) have no GPU of model {request.models.describe()} (they have {have})"
         big = [g for g in models if g.total >= request.per_gpu]
         if len(big) < request.gpu_count:
             largest = max(g.total for g in models)
-            return (f"node {self.name} has {len(big)} GPU(s) with {request.per_gpu} units or more, the pod needs "
-                    f"{request.gpu_count} (its largest GPU has {largest})")
+            return (f"node(s) have {len(big)} GPU(s) with {request.per_gpu} units or more, the pod needs "
+                    f"{request.gpu_count} (their largest GPU has {largest})")
         if self.cpu_milli and request.cpu_milli > self.cpu_milli:
-            return f"node {self.name} has only {self.cpu_milli}m CPU in all, the pod asks for {request.cpu_milli}m"
+            return f"node(s) have only {self.cpu_milli}m CPU in all, the pod asks for {request.cpu_milli}m"
         if self.memory_mib and request.memory_mib > self.memory_mib:
-            return f"node {self.name} has only {self.memory_mib}Mi memory in all"
+            return f"node(s) have only {self.memory_mib}Mi memory in all, the pod asks for {request.memory_mib}Mi"
         return None
 
     def failure_reason(self, request: PodRequest) -> str:
         """Why the pod does not fit now; call only when ``fits`` is false."""
         if not self.fits_host_resources(request):
-            return f"node {self.name} lacks CPU or memory for the pod"
+            return "node(s) lack free CPU or memory for the pod"
         refused = [f"GPU{g.index} because {why}" for g in self.gpus
                    if g.healthy and not g.exclusive and request.models.accepts(g.model) and g.has_room(request)
                    and (why := g.sharing_conflict(request)) is not None]
-        if refused:
-            hosts = len(self.hosts(request))
-            return (f"node {self.name} has {hosts} GPU(s) the pod may share, it needs {request.gpu_count}; the pod's "
-                    f"sharing rules refuse {'; '.join(refused)}")
         hosts = len(self.hosts(request))
-        frees = ", ".join(f"GPU{g.index}:{g.free}" for g in self.gpus)
+        if refused:
+            # Which GPUs hold which groups differs between nodes; without it the refusal cannot be understood.
+            return (f"node(s) have {hosts} GPU(s) the pod may share, it needs {request.gpu_count}; the pod's "
+                    f"sharing rules refuse {'; '.join(refused)}")
         what = "entirely free GPU(s)" if request.exclusive else f"GPU(s) with {request.per_gpu} free units"
-        return f"node {self.name} has {hosts} {what}, the pod needs {request.gpu_count} (free: {frees})"
+        return f"node(s) have {hosts} {what}, the pod needs {request.gpu_count}"
 
 
 def state_signature(node: Node) -> Hashable:

@@ -220,7 +220,7 @@ def test_reserve_refuses_what_does_not_fit() -> None:
     cache = ClusterCache()
     cache.upsert_node(node_info("n1", [16384]))
     request = parse_request(gpu_pod("big", 20))
-    with pytest.raises(ReservationError, match="no longer fits: node n1 has 0 GPU"):
+    with pytest.raises(ReservationError, match=r"no longer fits: node\(s\) have 0 GPU"):
         cache.reserve("n1", "default/big", "u", request, lambda n: binpack(n, request))
     with pytest.raises(ReservationError, match="not in the gpushare extender's cache"):
         cache.reserve("nowhere", "default/big", "u", request, lambda n: binpack(n, request))
@@ -256,9 +256,25 @@ def test_filter_sorts_nodes_into_passed_failed_and_unresolvable() -> None:
     cache.upsert_pod(gpu_pod("hog", 16, node="full", gpus=(0,), phase="Running"))
     out = cache.filter(["small", "full", "free", "ghost"], parse_request(gpu_pod("p", 12)))
     assert out.passed == ["free"]
-    assert "has 0 GPU(s) with 12 free units" in out.failed["full"]
+    assert out.failed["full"] == "node(s) have 0 GPU(s) with 12 free units, the pod needs 1"
     assert "not in the gpushare extender's cache" in out.failed["ghost"]
     assert "largest GPU has 8" in out.unresolvable["small"]
+
+
+def test_nodes_that_fail_alike_get_the_same_reason() -> None:
+    """kube-scheduler counts the nodes per distinct reason: a reason naming its node (or each GPU's free memory)
+    would make the pod's Event list every node of the cluster."""
+    cache = ClusterCache()
+    names = [f"n{i}" for i in range(5)]
+    cache.replace_nodes([node_info(n, [16384, 16384]) for n in names])
+    for i, name in enumerate(names):  # different free memory on each node, none with 12 GiB on a GPU
+        cache.upsert_pod(gpu_pod(f"a{i}", 5 + i % 3, node=name, gpus=(0,), phase="Running"))
+        cache.upsert_pod(gpu_pod(f"b{i}", 6 + i % 2, node=name, gpus=(1,), phase="Running"))
+    out = cache.filter([*names, "ghost", "ghost2"], parse_request(gpu_pod("p", 12)))
+    assert set(out.failed.values()) == {"node(s) have 0 GPU(s) with 12 free units, the pod needs 1",
+                                        "node(s) are not in the gpushare extender's cache (not watched yet, or "
+                                        "deleted); kube-scheduler will try again"}
+    assert len(out.failed) == 7
 
 
 @st.composite
@@ -314,16 +330,17 @@ def test_filter_agrees_with_the_model(cluster: tuple[list[NodeInfo], list[PodInf
 
 def test_repeated_filters_follow_every_change() -> None:
     cache = ClusterCache()
-    cache.replace_nodes([node_info("a", [16384]), node_info("b", [16384])])
+    cache.replace_nodes([node_info("a", [16384, 16384]), node_info("b", [16384, 16384])])
     names = ["a", "b"]
-    request = parse_request(gpu_pod("p", 10))
+    request = parse_request(gpu_pod("p", 20, count=2))  # 10 units on each of two GPUs
     assert cache.filter(list(names), request).passed == ["a", "b"]
     cache.upsert_pod(gpu_pod("x", 8, node="a", gpus=(0,), phase="Running"))
     out = cache.filter(list(names), request)
     assert out.passed == ["b"]
-    assert "free: GPU0:8" in out.failed["a"]
-    cache.upsert_pod(gpu_pod("y", 2, node="a", gpus=(0,), phase="Running"))  # a still fails, with less free
-    assert "free: GPU0:6" in cache.filter(list(names), request).failed["a"]
+    assert out.failed["a"] == "node(s) have 1 GPU(s) with 10 free units, the pod needs 2"
+    cache.upsert_pod(gpu_pod("y", 8, node="a", gpus=(1,), phase="Running"))  # a still fails, with less free
+    assert cache.filter(list(names), request).failed["a"] == "node(s) have 0 GPU(s) with 10 free units, the pod needs 2"
+    cache.delete_pod(gpu_pod("y", 8, node="a", gpus=(1,), phase="Running"))
     cache.delete_pod(gpu_pod("x", 8, node="a", gpus=(0,), phase="Running"))
     assert cache.filter(list(names), request).passed == ["a", "b"]
     cache.delete_node("b")

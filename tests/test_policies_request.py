@@ -90,7 +90,7 @@ def test_unresolvable_pods_name_the_reason() -> None:
     too_big = PodRequest(per_gpu=16)
     assert "largest GPU has 15" in str(t4.unresolvable_reason(too_big))
     a100_only = PodRequest(per_gpu=4, models=ModelRule(("a100",)))
-    assert "has no GPU of model one of a100 (it has T4)" in str(t4.unresolvable_reason(a100_only))
+    assert "have no GPU of model one of a100 (they have T4)" in str(t4.unresolvable_reason(a100_only))
     assert choose_node([t4], a100_only, make_policy("fgd-lookahead")) is None
     assert "needs 3" in str(t4.unresolvable_reason(PodRequest(per_gpu=4, gpu_count=3)))
     assert t4.unresolvable_reason(PodRequest(per_gpu=0, gpu_count=0, cpu_milli=1000)) is None

@@ -148,7 +148,7 @@ def test_affinity_joins_its_group_and_keeps_other_groups_out() -> None:
     put(node, "red-2", (0,), per_gpu=13, sharing=Sharing(affinity="red"))
     assert not node.fits(held)
     assert node.failure_reason(held) == (
-        "node n has 0 GPU(s) the pod may share, it needs 1; the pod's sharing rules refuse GPU1 because it holds the "
+        "node(s) have 0 GPU(s) the pod may share, it needs 1; the pod's sharing rules refuse GPU1 because it holds the "
         f"affinity group {ANN_AFFINITY}=blue; GPU2 because the pod's affinity group {ANN_AFFINITY}=red is on other "
         "GPUs")
 

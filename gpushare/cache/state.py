@@ -325,8 +325,8 @@ class ClusterCache:
         for name in names:
             entry = self._entries.get(name)
             if entry is None or name not in self._summaries:
-                out.failed[name] = (f"node {name} is not in the gpushare extender's cache (not watched yet, or "
-                                    "deleted); kube-scheduler will try again")
+                out.failed[name] = ("node(s) are not in the gpushare extender's cache (not watched yet, or deleted); "
+                                    "kube-scheduler will try again")
                 continue
             known = entry.reasons.get(shape)  # lock-free: at worst the reason from just before a change
             if known is None:
