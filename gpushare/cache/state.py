@@ -287,7 +287,7 @@ class ClusterCache:
                 if node is None or hold(node, nominated).fits(request):
                     continue
             adjusted.passed.remove(name)
-            adjusted.failed[name] = (f"node {name} has room only for pods nominated there by a preemption "
+            adjusted.failed[name] = ("node(s) have room only for pods nominated there by a preemption "
                                      f"({', '.join(h.key for h in nominated)}), which come first")
         return adjusted
 
