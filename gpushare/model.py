@@ -245,8 +245,9 @@ class Node:
         big = [g for g in models if g.total >= request.per_gpu]
         if len(big) < request.gpu_count:
             largest = max(g.total for g in models)
-            return (f"node(s) have {len(big)} GPU(s) with {request.per_gpu} units or more, the pod needs "
-                    f"{request.gpu_count} (their largest GPU has {largest})")
+            unit = self.unit.value
+            return (f"node(s) have {len(big)} GPU(s) of {request.per_gpu} {unit} or more, the pod needs "
+                    f"{request.gpu_count} (their largest GPU has {largest} {unit})")
         if self.cpu_milli and request.cpu_milli > self.cpu_milli:
             return f"node(s) have only {self.cpu_milli}m CPU in all, the pod asks for {request.cpu_milli}m"
         if self.memory_mib and request.memory_mib > self.memory_mib:
@@ -265,7 +266,7 @@ class Node:
             # Which GPUs hold which groups differs between nodes; without it the refusal cannot be understood.
             return (f"node(s) have {hosts} GPU(s) the pod may share, it needs {request.gpu_count}; the pod's "
                     f"sharing rules refuse {'; '.join(refused)}")
-        what = "entirely free GPU(s)" if request.exclusive else f"GPU(s) with {request.per_gpu} free units"
+        what = "entirely free GPU(s)" if request.exclusive else f"GPU(s) with {request.per_gpu} {self.unit.value} free"
         return f"node(s) have {hosts} {what}, the pod needs {request.gpu_count}"
 
 

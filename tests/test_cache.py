@@ -256,9 +256,9 @@ def test_filter_sorts_nodes_into_passed_failed_and_unresolvable() -> None:
     cache.upsert_pod(gpu_pod("hog", 16, node="full", gpus=(0,), phase="Running"))
     out = cache.filter(["small", "full", "free", "ghost"], parse_request(gpu_pod("p", 12)))
     assert out.passed == ["free"]
-    assert out.failed["full"] == "node(s) have 0 GPU(s) with 12 free units, the pod needs 1"
+    assert out.failed["full"] == "node(s) have 0 GPU(s) with 12 GiB free, the pod needs 1"
     assert "not in the gpushare extender's cache" in out.failed["ghost"]
-    assert "largest GPU has 8" in out.unresolvable["small"]
+    assert "largest GPU has 8 GiB" in out.unresolvable["small"]
 
 
 def test_nodes_that_fail_alike_get_the_same_reason() -> None:
@@ -271,10 +271,21 @@ def test_nodes_that_fail_alike_get_the_same_reason() -> None:
         cache.upsert_pod(gpu_pod(f"a{i}", 5 + i % 3, node=name, gpus=(0,), phase="Running"))
         cache.upsert_pod(gpu_pod(f"b{i}", 6 + i % 2, node=name, gpus=(1,), phase="Running"))
     out = cache.filter([*names, "ghost", "ghost2"], parse_request(gpu_pod("p", 12)))
-    assert set(out.failed.values()) == {"node(s) have 0 GPU(s) with 12 free units, the pod needs 1",
+    assert set(out.failed.values()) == {"node(s) have 0 GPU(s) with 12 GiB free, the pod needs 1",
                                         "node(s) are not in the gpushare extender's cache (not watched yet, or "
                                         "deleted); kube-scheduler will try again"}
     assert len(out.failed) == 7
+
+
+def test_reasons_give_memory_in_the_nodes_unit() -> None:
+    cache = ClusterCache(MemoryUnit.MiB)  # nodes whose plugin publishes no unit count in MiB here
+    cache.upsert_node(node_info("m", [16384]))
+    cache.upsert_pod(gpu_pod("held", 10000, node="m", gpus=(0,), phase="Running"))
+    names = ["m"]
+    assert cache.filter(names, parse_request(gpu_pod("p", 8000))).failed["m"] == (
+        "node(s) have 0 GPU(s) with 8000 MiB free, the pod needs 1")
+    assert cache.filter(names, parse_request(gpu_pod("q", 20000))).unresolvable["m"] == (
+        "node(s) have 0 GPU(s) of 20000 MiB or more, the pod needs 1 (their largest GPU has 16384 MiB)")
 
 
 @st.composite
@@ -337,9 +348,9 @@ def test_repeated_filters_follow_every_change() -> None:
     cache.upsert_pod(gpu_pod("x", 8, node="a", gpus=(0,), phase="Running"))
     out = cache.filter(list(names), request)
     assert out.passed == ["b"]
-    assert out.failed["a"] == "node(s) have 1 GPU(s) with 10 free units, the pod needs 2"
+    assert out.failed["a"] == "node(s) have 1 GPU(s) with 10 GiB free, the pod needs 2"
     cache.upsert_pod(gpu_pod("y", 8, node="a", gpus=(1,), phase="Running"))  # a still fails, with less free
-    assert cache.filter(list(names), request).failed["a"] == "node(s) have 0 GPU(s) with 10 free units, the pod needs 2"
+    assert cache.filter(list(names), request).failed["a"] == "node(s) have 0 GPU(s) with 10 GiB free, the pod needs 2"
     cache.delete_pod(gpu_pod("y", 8, node="a", gpus=(1,), phase="Running"))
     cache.delete_pod(gpu_pod("x", 8, node="a", gpus=(0,), phase="Running"))
     assert cache.filter(list(names), request).passed == ["a", "b"]

@@ -124,8 +124,8 @@ def test_filter_by_node_names(env: Env) -> None:
     nowhere = create_pod(env.core, pod_body("nowhere", 40, gpu_count=2))  # 20 units on each of two GPUs
     body = env.post("filter", {"Pod": nowhere, "Nodes": None, "NodeNames": names}).json()
     assert body["NodeNames"] == [] and body["Error"] == ""
-    assert "have 1 GPU(s) with 20 units or more, the pod needs 2" in body["FailedAndUnresolvableNodes"]["mixed"]
-    assert "largest GPU has 15" in body["FailedAndUnresolvableNodes"]["t4x2"]
+    assert "have 1 GPU(s) of 20 GiB or more, the pod needs 2" in body["FailedAndUnresolvableNodes"]["mixed"]
+    assert "largest GPU has 15 GiB" in body["FailedAndUnresolvableNodes"]["t4x2"]
     assert "no GPUs that gpushare manages" in body["FailedAndUnresolvableNodes"]["cpu-only"]
     assert "not in the gpushare extender's cache" in body["FailedNodes"]["ghost"]
 
@@ -274,7 +274,7 @@ def test_multi_gpu_pod_spans_gpus(env: Env) -> None:
     assert [d["usedGPU"] for d in env.inspect("t4x2")["nodes"][0]["devs"]] == [12, 12]
     again = create_pod(env.core, pod_body("wide2", 8, gpu_count=2))
     body = env.post("filter", {"Pod": again, "Nodes": None, "NodeNames": ["t4x2"]}).json()
-    assert body["FailedNodes"]["t4x2"] == "node(s) have 0 GPU(s) with 4 free units, the pod needs 2"
+    assert body["FailedNodes"]["t4x2"] == "node(s) have 0 GPU(s) with 4 GiB free, the pod needs 2"
 
 
 def test_impossible_request_is_unresolvable(env: Env) -> None:
@@ -282,7 +282,7 @@ def test_impossible_request_is_unresolvable(env: Env) -> None:
     body = env.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": ["mixed", "t4x2"]}).json()
     assert body["NodeNames"] == []
     assert body["FailedAndUnresolvableNodes"]["mixed"] == (
-        "node(s) have 0 GPU(s) with 64 units or more, the pod needs 1 (their largest GPU has 32)")
+        "node(s) have 0 GPU(s) of 64 GiB or more, the pod needs 1 (their largest GPU has 32 GiB)")
     assert set(body["FailedAndUnresolvableNodes"]) == {"mixed", "t4x2"}
 
 

@@ -92,7 +92,7 @@ def test_failures_explain_themselves_and_record_an_event(cluster: LocalCluster, 
     assert huge.message.startswith("0/2 nodes are available: ")
     # Reasons name no node, so kube-scheduler counts the nodes that fail alike instead of listing each one.
     assert huge.message.startswith("0/2 nodes are available: 1 Insufficient aliyun.com/gpu-mem, 1 node(s) have 0 "
-                                   "GPU(s) with 40 units or more, the pod needs 1 (their largest GPU has 32). "
+                                   "GPU(s) of 40 GiB or more, the pod needs 1 (their largest GPU has 32 GiB). "
                                    "preemption: ")
     assert ("FailedScheduling", huge.message) in events_for(core, "huge")
     # kube-scheduler's wording, its preemption's included: no pod of lower priority to evict anywhere.
