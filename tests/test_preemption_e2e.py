@@ -203,6 +203,8 @@ def test_a_nominated_pod_keeps_its_room_from_lower_priority_pods(cluster: LocalC
         sneaky = loop.schedule_pod("sneaky")
         assert not sneaky.scheduled
         assert "nominated there by a preemption (default/urgent)" in sneaky.message
+        # Named by no node, so kube-scheduler counts it like its own reasons.
+        assert "1 node(s) have room only for pods nominated there" in sneaky.message
         assert loop.schedule_pod("urgent").node == "two-t4"
 
 
