@@ -115,7 +115,15 @@ class RequestError(ValueError):
 
 
 class UnitError(ValueError):
-    """A node names a memory unit gpushare does not know; the text tells the operator what to fix."""
+    """A node names a memory unit gpushare does not know; the text tells the operator what to fix.
+
+    ``reason`` says the same without the node's name or its own values, for filter: kube-scheduler counts the
+    nodes per distinct reason, so a fleet with the same fault reads as one line of the pod's Event.
+    """
+
+    def __init__(self, sentence: str, reason: str) -> None:
+        super().__init__(sentence)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -543,7 +551,10 @@ def node_unit(node: NodeInfo, default: MemoryUnit) -> MemoryUnit:
         raise UnitError(
             f"Node {node.name} says its {RESOURCE_GPU_MEM} devices are {text[:40]!r} ({ANN_MEMORY_UNIT}); gpushare "
             f"knows {' and '.join(u.value for u in MemoryUnit)}. Check the version and --unit flag of the node's "
-            "gpushare device plugin.") from None
+            "gpushare device plugin.",
+            f"node(s) say their {RESOURCE_GPU_MEM} devices are in a unit gpushare does not know ({ANN_MEMORY_UNIT}); "
+            f"gpushare knows {' and '.join(u.value for u in MemoryUnit)}. Check the version and --unit flag of their "
+            "gpushare device plugin (the extender's log and kubectl inspect gpushare name them)") from None
 
 
 def unit_annotation(unit: MemoryUnit) -> dict[str, str]:

@@ -149,13 +149,16 @@ class Node:
     unit: MemoryUnit = MemoryUnit.GiB
     """The unit of every memory figure of this node and of the pods placed on it (the node's plugin decides)."""
     defect: str | None = None
-    """Why none of the node's GPUs can be used as published (for example an unknown memory unit)."""
+    """Why none of the node's GPUs can be used as published (for example an unknown memory unit), naming the node:
+    for the log and ``kubectl inspect gpushare``."""
+    defect_reason: str | None = None
+    """The same without the node's name, for filter (see the reasons below); set with ``defect``."""
 
     def copy(self) -> Node:
         """A copy that planning (a gang's, a preemption's, a policy's view of the cluster) may fill without touching
         this node, such as the cache's."""
         return Node(self.name, [g.copy() for g in self.gpus], self.cpu_milli, self.memory_mib, self.cpu_used,
-                    self.memory_used, dict(self.placements), self.unit, self.defect)
+                    self.memory_used, dict(self.placements), self.unit, self.defect, self.defect_reason)
 
     def gpu(self, index: int) -> GPU | None:
         for gpu in self.gpus:
@@ -235,7 +238,7 @@ class Node:
     def unresolvable_reason(self, request: PodRequest) -> str | None:
         """Why the pod could not run here even on an empty node, or ``None`` if it could."""
         if self.defect is not None:
-            return self.defect
+            return self.defect_reason or self.defect
         models = [g for g in self.gpus if request.models.accepts(g.model)]
         if not self.gpus:
             return "node(s) have no GPUs that gpushare manages"
@@ -314,8 +317,8 @@ def _gpus_from_capacity(node: NodeInfo, model: str) -> list[GPU]:
     return [GPU(index=i, model=model, total=mem // count) for i in range(count)]
 
 
-def _unit_mismatch(node: NodeInfo, unit: MemoryUnit, entries: tuple[GPUInventoryEntry, ...]) -> str | None:
-    """A sentence when the node's advertised device count says its plugin uses another unit than ``unit``.
+def _unit_mismatch(node: NodeInfo, unit: MemoryUnit, entries: tuple[GPUInventoryEntry, ...]) -> UnitError | None:
+    """The error to raise when the node's advertised device count says its plugin uses another unit than ``unit``.
 
     The kubelet's capacity counts the devices the plugin really advertises, one per unit of each GPU's memory;
     when it matches the inventory in the other unit and not in ``unit``, converting would be off by 1024x.
@@ -329,12 +332,20 @@ def _unit_mismatch(node: NodeInfo, unit: MemoryUnit, entries: tuple[GPUInventory
     for other in MemoryUnit:
         if other is not unit and advertised == sum(other.from_mib(e.memory_mib) for e in entries) != sum(
                 unit.from_mib(e.memory_mib) for e in entries):
-            said = f"says {node.annotations[ANN_MEMORY_UNIT]}" if ANN_MEMORY_UNIT in node.annotations else (
+            stated = ANN_MEMORY_UNIT in node.annotations
+            said = f"says {node.annotations[ANN_MEMORY_UNIT]}" if stated else (
                 f"does not say its unit, so the extender's default {unit.value} applies")
-            return (f"Node {node.name} advertises {advertised} {RESOURCE_GPU_MEM} devices, which is its GPUs' memory "
-                    f"in {other.value}, but its {ANN_MEMORY_UNIT} annotation {said}; gpushare refuses to guess. Run "
-                    "the node's device plugin and the extender with the same unit, or upgrade the device plugin so "
-                    "that it publishes its unit.")
+            # The annotation's value is a known unit here (``node_unit`` read it), so the reason stays one of a few.
+            they_said = f"says {unit.value}" if stated else (
+                f"does not say their unit, so the extender's default {unit.value} applies")
+            return UnitError(
+                f"Node {node.name} advertises {advertised} {RESOURCE_GPU_MEM} devices, which is its GPUs' memory in "
+                f"{other.value}, but its {ANN_MEMORY_UNIT} annotation {said}; gpushare refuses to guess. Run the "
+                "node's device plugin and the extender with the same unit, or upgrade the device plugin so that it "
+                "publishes its unit.",
+                f"node(s) advertise their GPUs' memory in {other.value} as {RESOURCE_GPU_MEM} devices, but their "
+                f"{ANN_MEMORY_UNIT} annotation {they_said}; gpushare refuses to guess. Run their device plugin and the "
+                "extender with the same unit (the extender's log and kubectl inspect gpushare name the nodes)")
     return None
 
 
@@ -352,7 +363,7 @@ def build_gpus(node: NodeInfo, unit: MemoryUnit) -> list[GPU]:
         if entries:
             mismatch = _unit_mismatch(node, unit, entries)
             if mismatch is not None:
-                raise UnitError(mismatch)
+                raise mismatch
             return [GPU(index=e.index, model=e.model, total=unit.from_mib(e.memory_mib), healthy=e.healthy,
                         numa=e.numa, links=dict(e.links), uuid=e.uuid) for e in entries]
     model = next((node.labels[k] for k in MODEL_LABELS if k in node.labels), "unknown")
@@ -364,14 +375,15 @@ def build_node(node: NodeInfo, default_unit: MemoryUnit, pods: Iterable[PodInfo]
 
     ``default_unit`` is the unit of nodes whose device plugin does not publish one.
     """
-    defect = None
+    defect = defect_reason = None
     try:
         unit = node_unit(node, default_unit)
         gpus = build_gpus(node, unit)
     except UnitError as exc:
-        unit, gpus, defect = default_unit, [], str(exc)
+        unit, gpus, defect, defect_reason = default_unit, [], str(exc), exc.reason
     state = Node(name=node.name, gpus=gpus, cpu_milli=capacity_amount(node.allocatable, "cpu"),
-                 memory_mib=capacity_amount(node.allocatable, "memory"), unit=unit, defect=defect)
+                 memory_mib=capacity_amount(node.allocatable, "memory"), unit=unit, defect=defect,
+                 defect_reason=defect_reason)
     for pod in pods:
         account_pod(state, pod)
     return state

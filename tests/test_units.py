@@ -38,7 +38,7 @@ def publish(core: client.CoreV1Api, node: str, unit: MemoryUnit | str | None, de
                            _content_type=MERGE_PATCH, _preload_content=False)
 
 
-NODES = ("gib", "mib", "bogus", "silent-mib", "unsaid")
+NODES = ("gib", "mib", "bogus", "bogus-too", "silent-mib", "unsaid")
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +47,7 @@ def cluster() -> Iterator[LocalCluster]:
         core = client.CoreV1Api(local.api_client())
         publish(core, "mib", MemoryUnit.MiB, T4_MIB)
         publish(core, "bogus", "KiB", T4_MIB * 1024)
+        publish(core, "bogus-too", "TiB", T4_MIB * 1024)
         publish(core, "silent-mib", None, T4_MIB)
         publish(core, "unsaid", None, 15)  # an older plugin in GiB: nothing contradicts the default
         yield local
@@ -95,9 +96,11 @@ def test_the_same_request_means_the_nodes_own_unit(env: Env) -> None:
 
 
 @pytest.mark.parametrize(("node", "sentence"), [
-    ("bogus", "says its aliyun.com/gpu-mem devices are 'KiB' (gpushare.io/memory-unit); gpushare knows GiB and MiB"),
-    ("silent-mib", "which is its GPUs' memory in MiB, but its gpushare.io/memory-unit annotation does not say its "
-                   "unit, so the extender's default GiB applies; gpushare refuses to guess"),
+    ("bogus", "node(s) say their aliyun.com/gpu-mem devices are in a unit gpushare does not know "
+              "(gpushare.io/memory-unit); gpushare knows GiB and MiB"),
+    ("silent-mib", "node(s) advertise their GPUs' memory in MiB as aliyun.com/gpu-mem devices, but their "
+                   "gpushare.io/memory-unit annotation does not say their unit, so the extender's default GiB applies; "
+                   "gpushare refuses to guess"),
 ])
 def test_a_node_whose_unit_cannot_be_trusted_is_refused_with_a_sentence(env: Env, node: str, sentence: str) -> None:
     pod = create_pod(env.core, pod_body(f"small-{node}", 1))
@@ -105,6 +108,15 @@ def test_a_node_whose_unit_cannot_be_trusted_is_refused_with_a_sentence(env: Env
     assert body["NodeNames"] == ["gib"]
     alone = env.post("filter", {"Pod": pod, "NodeNames": [node]}).json()  # no node passes: the reasons are worded
     assert sentence in alone["FailedAndUnresolvableNodes"][node]
+
+
+def test_nodes_with_the_same_unit_fault_get_one_reason(env: Env) -> None:
+    """kube-scheduler counts nodes per distinct reason: a fleet whose plugins publish units gpushare does not know
+    must read as one line of the pod's Event, whatever each node says; the log and inspect name the nodes."""
+    pod = create_pod(env.core, pod_body("small-fleet", 1))
+    reasons = env.post("filter", {"Pod": pod, "NodeNames": ["bogus", "bogus-too"]}).json()["FailedAndUnresolvableNodes"]
+    assert reasons["bogus"] == reasons["bogus-too"]
+    assert "bogus" not in reasons["bogus"] and "KiB" not in reasons["bogus"]
 
 
 def test_inspect_reads_each_nodes_unit_and_names_the_refused_ones(env: Env) -> None:
