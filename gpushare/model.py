@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
+from types import MappingProxyType
+from typing import Any
 
 from gpushare.contract import (
     ANN_AFFINITY,
@@ -44,6 +46,15 @@ SAME_NUMA_SCORE = 20
 CROSS_NUMA_SCORE = 10
 
 
+# Shared by every GPU without NVLink peers or sharing counts, read-only since these mappings are only ever
+# replaced, never edited: four empty dicts of each GPU's own came to 2 kB a node, 30 MB at 15,000 nodes.
+_NONE: Mapping[Any, int] = MappingProxyType({})
+
+
+def _none() -> Mapping[Any, int]:
+    return _NONE
+
+
 @dataclass(slots=True)
 class GPU:
     index: int
@@ -55,14 +66,14 @@ class GPU:
     exclusive: bool = False
     healthy: bool = True
     numa: int | None = None
-    links: Mapping[int, int] = field(default_factory=dict)
+    links: Mapping[int, int] = field(default_factory=_none)
     uuid: str = ""
     # How many of the pods on this GPU carry each sharing value (``contract.Sharing``); counts, so that a pod
     # leaving takes its value away only when it was the last to carry it. Each change assigns a new mapping and
     # never edits one in place, so a shallow copy of the GPU (``dataclasses.replace``) keeps counts of its own.
-    affinity: Mapping[str, int] = field(default_factory=dict)
-    anti_affinity: Mapping[str, int] = field(default_factory=dict)
-    exclusion: Mapping[str, int] = field(default_factory=dict)
+    affinity: Mapping[str, int] = field(default_factory=_none)
+    anti_affinity: Mapping[str, int] = field(default_factory=_none)
+    exclusion: Mapping[str, int] = field(default_factory=_none)
 
     @property
     def free(self) -> int:
@@ -365,7 +376,7 @@ def build_gpus(node: NodeInfo, unit: MemoryUnit) -> list[GPU]:
             if mismatch is not None:
                 raise mismatch
             return [GPU(index=e.index, model=e.model, total=unit.from_mib(e.memory_mib), healthy=e.healthy,
-                        numa=e.numa, links=dict(e.links), uuid=e.uuid) for e in entries]
+                        numa=e.numa, links=dict(e.links) if e.links else _NONE, uuid=e.uuid) for e in entries]
     model = next((node.labels[k] for k in MODEL_LABELS if k in node.labels), "unknown")
     return _gpus_from_capacity(node, model)
 

@@ -95,6 +95,18 @@ def test_build_node_counts_only_active_pods_bound_here() -> None:
     assert built.cpu_milli == 8000 and built.memory_mib == 32768
 
 
+def test_sharing_counts_stay_on_their_gpu_though_gpus_without_any_share_one_empty_mapping() -> None:
+    a, b = node(16, 16), node(16)
+    assert a.gpus[0].affinity is b.gpus[0].exclusion  # one shared empty mapping: 2 kB less per node
+    a.place("ns/p", PodRequest(per_gpu=4, sharing=contract.Sharing(affinity="x", anti_affinity="y",
+                                                                  exclusion="z")), [1])
+    assert (a.gpus[1].affinity, a.gpus[1].anti_affinity, a.gpus[1].exclusion) == ({"x": 1}, {"y": 1}, {"z": 1})
+    others = [a.gpus[0], b.gpus[0]]
+    assert all(not (g.affinity or g.anti_affinity or g.exclusion or g.links) for g in others)
+    a.remove("ns/p")
+    assert not (a.gpus[1].affinity or a.gpus[1].anti_affinity or a.gpus[1].exclusion)
+
+
 def test_a_copy_holds_every_field_and_changes_apart_from_the_original() -> None:
     gpu = GPU(index=3, model="A100", total=40, used=7, compute_used=30, holders=2, numa=1, links={2: 12},
               uuid="GPU-x", affinity={"a": 1}, anti_affinity={"b": 2}, exclusion={"c": 1})
