@@ -353,11 +353,13 @@ def create_app(config: ExtenderConfig, kube: Kube) -> VerbRoutes:
                 answer = await forwarder.forward(body, args, elector.view(), forwarded_by)
                 if answer.status == 200 and _bound(answer.body):
                     ledger.forget(ledger_key)
+                    book.forget(ledger_key)
                 metrics.count("bind", answer.status)
                 return Response(answer.body, status_code=answer.status, media_type="application/json")
             outcome = await bind_here(args)
             if not outcome.error:
                 ledger.forget(ledger_key)
+                book.forget(ledger_key)
                 metrics.bound(args.pod_uid)
             metrics.binds.labels("failed" if outcome.error else "bound").inc()
             metrics.bind_conflicts.inc(outcome.conflicts)

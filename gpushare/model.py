@@ -6,7 +6,7 @@ hand them to the policies, so one set of rules decides what fits everywhere.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from types import MappingProxyType
@@ -284,16 +284,22 @@ class Node:
         return f"node(s) have {hosts} {what}, the pod needs {request.gpu_count}"
 
 
-def state_signature(node: Node) -> Hashable:
+def gpu_signature(g: GPU) -> Hashable:
+    """Everything about a GPU that a placement decision may read (its half of ``state_signature``)."""
+    return (g.index, g.model, g.total, g.used, g.compute_used, g.holders, g.exclusive, g.healthy, g.numa,
+            tuple(sorted(g.links.items())), tuple(sorted(g.affinity.items())), tuple(sorted(g.anti_affinity.items())),
+            tuple(sorted(g.exclusion.items())))
+
+
+def state_signature(node: Node, gpus: Sequence[Hashable] | None = None) -> Hashable:
     """Everything about a node that a placement decision may read, except its name and its pod list.
 
     Policies are pure functions of this and the request, so nodes with equal signatures get equal answers:
-    the trace replay and the extender's prioritize ask once per distinct state, not once per node.
+    the trace replay and the extender's prioritize ask once per distinct state, not once per node. ``gpus``
+    stands in for the GPUs' own signatures, one to one (equal GPUs, equal stand-ins), where those are known.
     """
-    gpus = tuple((g.index, g.model, g.total, g.used, g.compute_used, g.holders, g.exclusive, g.healthy, g.numa,
-                  tuple(sorted(g.links.items())), tuple(sorted(g.affinity.items())),
-                  tuple(sorted(g.anti_affinity.items())), tuple(sorted(g.exclusion.items()))) for g in node.gpus)
-    return (node.cpu_milli, node.memory_mib, node.cpu_used, node.memory_used, gpus)
+    return (node.cpu_milli, node.memory_mib, node.cpu_used, node.memory_used,
+            tuple(map(gpu_signature, node.gpus) if gpus is None else gpus))
 
 
 def _count_sharing(gpu: GPU, sharing: Sharing, step: int) -> None:

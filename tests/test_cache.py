@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.inspect import inspect_nodes
-from gpushare.cache.state import MAX_ANSWER_TABLES, ClusterCache, ReservationError
+from gpushare.cache.state import MAX_ANSWER_TABLES, MAX_GPU_NUMBERS, ClusterCache, ReservationError
 from gpushare.contract import (
     ANN_NODE_INVENTORY,
     RESOURCE_GPU_COUNT,
@@ -25,7 +25,7 @@ from gpushare.contract import (
     new_assignment,
     parse_request,
 )
-from gpushare.model import Node, build_node
+from gpushare.model import Node, build_node, state_signature
 from gpushare.policies import make_policy, node_priority
 
 
@@ -337,6 +337,53 @@ def test_filter_agrees_with_the_model(cluster: tuple[list[NodeInfo], list[PodInf
         assert terse.left_out == [n.name for n in nodes if n.name not in expected]
     else:
         assert (terse.failed, terse.unresolvable, terse.left_out) == (out.failed, out.unresolvable, [])
+
+
+def state_ids(cache: ClusterCache) -> dict[str, tuple[int, object]]:
+    """Each node's state id in the cache, and the full signature of its state."""
+    out = {}
+    for name in cache.node_names():
+        with cache.locked(name) as node:
+            assert node is not None
+            out[name] = (cache._node_states[name], state_signature(node))
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(clusters())
+def test_nodes_share_a_state_id_exactly_when_their_states_are_equal(
+        cluster: tuple[list[NodeInfo], list[PodInfo], PodInfo]) -> None:
+    nodes, pods, _ = cluster
+    cache = ClusterCache()
+    cache.replace_nodes(nodes)
+    for pod in [None, *pods]:  # after every change
+        if pod is not None:
+            cache.upsert_pod(pod)
+        ids = list(state_ids(cache).values())
+        for state_id, signature in ids:
+            assert {s for i, s in ids if i == state_id} == {signature}
+            assert {i for i, s in ids if s == signature} == {state_id}
+
+
+def test_state_ids_still_tell_states_apart_once_the_gpu_numbers_were_forgotten() -> None:
+    """The remembered signatures name GPUs by numbers that start again from zero once too many GPUs were
+    numbered: a state numbered afterwards must not take the id of an older state whose GPUs had its numbers."""
+    cache = ClusterCache()
+    # Eight GPUs of their own per node (no two GPU sizes alike): the node after these is numbered afresh.
+    first = MAX_GPU_NUMBERS // 8
+    for i in range(first):
+        cache.upsert_node(node_info(f"old-{i}", [1024 * (8 * i + j + 1) for j in range(8)]))
+    before = state_ids(cache)
+    unseen = [1024 * (8 * first + j + 1) for j in range(8)]
+    for name, sizes in [("new-0", [7168] * 8), ("new-1", unseen), ("twin-of-new-1", unseen)]:
+        cache.upsert_node(node_info(name, sizes))
+    after = state_ids(cache)
+    assert len(cache._gpu_numbers) < MAX_GPU_NUMBERS
+    old_ids = {state_id for state_id, _ in before.values()}
+    assert after["new-0"][0] not in old_ids and after["new-1"][0] not in old_ids  # numbered like old-0 and old-1
+    assert after["new-0"][0] != after["new-1"][0]
+    assert after["twin-of-new-1"][0] == after["new-1"][0]
+    assert {name: ids for name, ids in after.items() if name in before} == before  # nodes unchanged keep theirs
 
 
 def test_repeated_filters_follow_every_change() -> None:

@@ -78,6 +78,19 @@ def test_a_pod_without_gpu_is_counted_once() -> None:
     assert book.workload.histogram() == {Shape(0, 0, 12000): 1.0}
 
 
+def test_a_bound_pod_is_forgotten_and_counts_again_only_if_filtered_after_its_bind() -> None:
+    book = PolicyBook("fgd")
+    one, other = PodRequest(per_gpu=4, cpu_milli=1000), PodRequest(per_gpu=8, cpu_milli=1000)
+    book.observe_once("uid-1", one)
+    book.forget("uid-1")  # bound: kube-scheduler filters it no more
+    book.forget("uid-2")  # never observed: nothing to forget
+    book.observe_once("uid-1", one)
+    book.observe_once("uid-2", other)
+    book.observe_once("uid-2", other)
+    # Counted twice against once (later pods weigh a little more: the workload forgets slowly).
+    assert book.workload.histogram() == pytest.approx({Shape(1, 4, 1000): 2 / 3, Shape(1, 8, 1000): 1 / 3}, rel=1e-3)
+
+
 def test_the_flag_reads_the_file(tmp_path: Path) -> None:
     path = seed_file(tmp_path, REQUESTS)
     assert parse_config(["--workload-seed", str(path)]).workload_seed == path
