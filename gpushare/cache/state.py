@@ -794,13 +794,17 @@ class ClusterCache:
         every GPU's fields (8 GPUs), and the few thousand distinct GPUs once each.
         """
         numbers = self._gpu_numbers
-        signature = state_signature(node, [numbers.setdefault(g, len(numbers)) for g in gpus])
+
+        def numbered() -> Hashable:
+            return state_signature(node, [numbers.setdefault(g, len(numbers)) for g in gpus])
+
+        signature = numbered()
         state_id = self._state_ids.get(signature)
         if state_id is None:
             if len(self._state_ids) >= MAX_STATE_IDS or len(numbers) >= MAX_GPU_NUMBERS:
                 self._state_ids.clear()
                 numbers.clear()
-                signature = state_signature(node, [numbers.setdefault(g, len(numbers)) for g in gpus])
+                signature = numbered()
             state_id = self._state_ids[signature] = self._next_state_id
             self._next_state_id += 1
         return state_id
