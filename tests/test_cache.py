@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -477,6 +478,65 @@ def test_a_frequent_shape_keeps_its_fit_and_score_tables_among_more_shapes_than_
         assert cache._fit_table(common) is fits
         assert cache._answer_table("common") is table
     assert cache.filter(["n1"], common).passed == ["n1"]
+
+
+def test_a_full_table_forgets_the_states_no_node_is_in_any_more_and_keeps_the_live_ones(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that keeps changing fills its tables with states it has left; the nodes that stay as they are keep
+    their answers when a table is full (it used to be cleared whole, and every node in the window asked again)."""
+    monkeypatch.setattr("gpushare.cache.state.MAX_STATE_ANSWERS", 8)
+    cache = ClusterCache()
+    cache.upsert_node(node_info("steady", [16384], cpu="64"))
+    cache.upsert_node(node_info("busy", [16384], cpu="64"))
+    request = parse_request(gpu_pod("p", 4))
+    reads: list[str] = []
+
+    def free(node: Node) -> int:
+        reads.append(node.name)
+        return node.gpus[0].free
+
+    assert cache.evaluate_memoised(["steady", "busy"], "k", free) == [16, 16]
+    assert cache.filter(["steady", "busy"], request).passed == ["steady", "busy"]
+    for i in range(20):  # a new CPU figure each time: a state of its own
+        cache.upsert_pod(gpu_pod("x", 1 + i % 3, node="busy", gpus=(0,), phase="Running", cpu=f"{i + 1}m"))
+        assert cache.evaluate_memoised(["busy"], "k", free) == [15 - i % 3]
+        assert cache.filter(["busy"], request).passed == ["busy"]
+        assert len(cache._answer_table("k")) <= 8 and len(cache._fit_table(request)) <= 8
+    # Both nodes began in one state, read once through steady; then busy's twenty states, each once.
+    assert reads.count("steady") == 1 and reads.count("busy") == 20
+    assert cache.evaluate_memoised(["steady", "busy"], "k", free) == [16, 14]
+    assert reads.count("steady") == 1, "steady's answer outlived busy's many states"
+    assert cache._node_states["steady"] in cache._answer_table("k")
+    assert cache._node_states["steady"] in cache._fit_table(request)
+
+
+def test_the_tables_of_each_kind_hold_at_most_their_budget_together_and_the_least_recently_used_go_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gpushare.cache.state.MAX_MEMO_ENTRIES", 20)
+    monkeypatch.setattr("gpushare.cache.state.MEMO_CHECK_EVERY", 1)
+    cache = ClusterCache()
+    names = [f"n{i}" for i in range(6)]
+    for i, name in enumerate(names):  # six GPU sizes: six states
+        cache.upsert_node(node_info(name, [1024 * (4 + i)], cpu="64"))
+    reads: list[tuple[int, str]] = []
+
+    def reader(key: int) -> Callable[[Node], int]:
+        def free(node: Node) -> int:
+            reads.append((key, node.name))
+            return node.gpus[0].free
+        return free
+
+    for key in range(10):
+        assert cache.evaluate_memoised(names, key, reader(key)) == [4 + i for i in range(6)]
+        request = parse_request(gpu_pod(f"p{key}", 2, cpu=f"{key + 1}m"))
+        assert cache.filter(names, request).passed == names
+        assert sum(map(len, cache._answer_tables.values())) <= 20
+        assert sum(map(len, cache._fit_tables.values())) <= 20
+    # The newest tables are whole, the oldest gone: their keys are asked again, the newest not.
+    reads.clear()
+    assert cache.evaluate_memoised(names, 9, reader(9)) == [4 + i for i in range(6)]
+    assert cache.evaluate_memoised(names, 0, reader(0)) == [4 + i for i in range(6)]
+    assert reads == [(0, name) for name in names]
 
 
 def test_the_log_of_changes_names_each_changed_node_once_and_says_when_a_reader_fell_behind(

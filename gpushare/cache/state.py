@@ -50,8 +50,15 @@ MAX_REMEMBERED_REASONS = 64
 # request shapes with a table of the node states they fit; of each, the least recently used goes first. Pods vary in
 # CPU and memory too: the openb trace has 126 shapes, its 32 most frequent cover 89% of its pods.
 MAX_ANSWER_TABLES = 128
-# Answers one key's table holds, one per distinct node state asked about; cleared whole when full (1 MB or so).
+# Answers one key's table holds, one per distinct node state asked about (1 MB or so when full). A full table drops
+# the answers for states no node is in any more (a node that returns to one is asked again), and is cleared whole
+# when live states still fill more than half of it.
 MAX_STATE_ANSWERS = 16_384
+# Answers all the tables of one kind (fit, answers) hold together, about 50 bytes each: when pods vary in CPU and
+# memory nearly every node is in a state of its own, and 128 full tables of each kind would take 190 MiB. Past this
+# the least recently used tables go first, checked every ``MEMO_CHECK_EVERY`` answers remembered.
+MAX_MEMO_ENTRIES = 400_000
+MEMO_CHECK_EVERY = 4_096
 # Distinct node states numbered (state_signature -> id); forgotten whole when full. Ids are never reused, so a
 # state numbered again only costs its answers once more.
 MAX_STATE_IDS = 50_000
@@ -129,6 +136,8 @@ class ClusterCache:
         # first when there are too many, so a workload of more shapes than the bound keeps its frequent ones.
         self._used: dict[Hashable, int] = {}
         self._uses = itertools.count()
+        # Answers remembered so far, in tables of either kind: every ``MEMO_CHECK_EVERY`` the kind's total is checked.
+        self._remembered = itertools.count(1)
         self._capacity: dict[str, int] | None = None
         # Pods a preemption nominated to a node and not bound yet, by node: rare, so read outside the fit index.
         self._nominated: dict[str, dict[str, tuple[str, PodRequest]]] = {}
@@ -248,9 +257,7 @@ class ClusterCache:
             if entry.info is None or summary is None:
                 return False
             fits = check(summary)
-            if len(table) >= MAX_STATE_ANSWERS:
-                table.clear()
-            table[entry.state_id] = fits
+            self._remember(table, entry.state_id, fits)
         return fits
 
     def _filter_sharing(self, names: list[str], request: PodRequest, pod_uid: str) -> FilterOutcome:
@@ -444,10 +451,23 @@ class ClusterCache:
             known = table.get(entry.state_id, _UNKNOWN)
             if known is _UNKNOWN:
                 known = read(entry.state)
-                if len(table) >= MAX_STATE_ANSWERS:
-                    table.clear()
-                table[entry.state_id] = known
+                self._remember(table, entry.state_id, known)
         return known
+
+    def _remember(self, table: dict[int, Any], state: int, answer: Any) -> None:
+        """``table[state] = answer``, within ``MAX_STATE_ANSWERS`` and, for the tables of each kind together,
+        ``MAX_MEMO_ENTRIES``."""
+        if len(table) >= MAX_STATE_ANSWERS:
+            # Lock-free, like the readers: at worst a state that has just ended is kept until the next time.
+            for dead in list(filterfalse(self._ranked.__contains__, table)):
+                table.pop(dead, None)
+            if len(table) > MAX_STATE_ANSWERS // 2:
+                table.clear()
+        table[state] = answer
+        if next(self._remembered) % MEMO_CHECK_EVERY == 0:
+            with self._index_lock:
+                for tables in (self._fit_tables, self._answer_tables):
+                    _evict_least_used_until(tables, self._used, MAX_MEMO_ENTRIES)
 
     def _answer_table(self, key: Hashable) -> dict[int, Any]:
         return self._table(self._answer_tables, key)
@@ -826,6 +846,19 @@ class ClusterCache:
                     del self._affinity[value]
         for value in new - old:
             self._affinity.setdefault(value, set()).add(name)
+
+
+def _evict_least_used_until(tables: dict[Hashable, dict[int, Any]], used: dict[Hashable, int], bound: int) -> None:
+    """Drop the least recently used of ``tables`` until they hold at most ``bound`` answers together, keeping the
+    most recently used one whatever its size (call with the index lock held)."""
+    total = sum(map(len, tables.values()))
+    if total <= bound:
+        return
+    for key in sorted(tables, key=lambda k: used.get(k, -1))[:-1]:
+        total -= len(tables.pop(key))
+        used.pop(key, None)
+        if total <= bound:
+            return
 
 
 def _evict_least_used(entries: dict[Any, Any], used: dict[Hashable, int], bound: int) -> None:
