@@ -467,7 +467,7 @@ class ClusterCache:
         if next(self._remembered) % MEMO_CHECK_EVERY == 0:
             with self._index_lock:
                 for tables in (self._fit_tables, self._answer_tables):
-                    _evict_least_used_until(tables, self._used, MAX_MEMO_ENTRIES)
+                    _evict_least_used(tables, self._used, MAX_MEMO_ENTRIES, len)
 
     def _answer_table(self, key: Hashable) -> dict[int, Any]:
         return self._table(self._answer_tables, key)
@@ -848,23 +848,15 @@ class ClusterCache:
             self._affinity.setdefault(value, set()).add(name)
 
 
-def _evict_least_used_until(tables: dict[Hashable, dict[int, Any]], used: dict[Hashable, int], bound: int) -> None:
-    """Drop the least recently used of ``tables`` until they hold at most ``bound`` answers together, keeping the
-    most recently used one whatever its size (call with the index lock held)."""
-    total = sum(map(len, tables.values()))
+def _evict_least_used(entries: dict[Any, Any], used: dict[Hashable, int], bound: int,
+                      size: Callable[[Any], int] = lambda _: 1) -> None:
+    """Drop the least recently used entries until their ``size`` (each counts one unless given) adds up to at most
+    ``bound``, keeping the most recently used one whatever its size (call with the index lock held)."""
+    total = sum(map(size, entries.values()))
     if total <= bound:
         return
-    for key in sorted(tables, key=lambda k: used.get(k, -1))[:-1]:
-        total -= len(tables.pop(key))
+    for key in sorted(entries, key=lambda k: used.get(k, -1))[:-1]:
+        total -= size(entries.pop(key))
         used.pop(key, None)
         if total <= bound:
             return
-
-
-def _evict_least_used(entries: dict[Any, Any], used: dict[Hashable, int], bound: int) -> None:
-    """Drop the least recently used entries past ``bound`` (call with the index lock held; a scan of at most
-    ``bound`` keys, only when an entry was added)."""
-    while len(entries) > bound:
-        victim = min(entries, key=lambda k: used.get(k, -1))
-        del entries[victim]
-        used.pop(victim, None)
