@@ -13,7 +13,7 @@ from gpushare.contract import ModelRule, PodRequest
 from gpushare.model import GPU, Node
 from gpushare.policies import DEFAULT_POLICY, choose_node, extender_scores, make_policy, node_priority, policy_names
 from gpushare.policies.base import follows_cluster, follows_inventory
-from gpushare.policies.fgd import FragmentationGradient
+from gpushare.policies.fgd import PRECISION, FragmentationGradient
 from gpushare.policies.lookahead import FragmentationLookahead
 from gpushare.policies.simple import Binpack, Spread
 from gpushare.policies.workload import Shape, WorkloadDistribution
@@ -270,3 +270,63 @@ def test_where_a_pod_fits_its_memory_request_changes_no_score(frees: list[int], 
     if not host.fits(request):
         return
     assert policy.evaluate(host, request) == policy.evaluate(host, replace(request, memory_mib=0))
+
+
+def _fragment_by_definition(node: Node, target: list[tuple[Shape, float]], lookahead: bool) -> float:
+    """F as the module docstrings define it, shape by shape and GPU by GPU: the idle memory a task of each shape
+    could not use (FGD: one more task; the lookahead: as many as the GPUs and the free CPU allow), weighted."""
+    cpu_free = node.cpu_milli - node.cpu_used
+    idle = sum(g.free for g in node.gpus)
+    total = 0.0
+    for shape, probability in target:
+        if shape.cpu_milli > cpu_free:  # not one pod of the shape fits: all idle memory is fragment for it
+            total += probability * idle
+            continue
+        if shape.gpu_count == 0:  # FGD: a pod without GPUs uses none; the lookahead: none is lost while it fits
+            total += probability * (0 if lookahead else idle)
+            continue
+        hosts = [g for g in node.gpus if shape.models.accepts(g.model) and (
+            g.free == g.total and g.used == 0 and g.holders == 0 if shape.exclusive else g.free >= shape.per_gpu)]
+        usable = sum(g.free for g in hosts)
+        if not lookahead:
+            total += probability * (idle if len(hosts) < shape.gpu_count else idle - usable)
+            continue
+        if shape.gpu_count == 1 and not shape.exclusive and shape.per_gpu > 0:
+            copies = sum(g.free // shape.per_gpu for g in hosts)
+            per_copy = shape.per_gpu
+        else:
+            copies = len(hosts) // shape.gpu_count
+            per_copy = (shape.per_gpu if not shape.exclusive and shape.per_gpu > 0 else
+                        usable // len(hosts) if hosts else 0) * shape.gpu_count
+        placed = min(copies, cpu_free // shape.cpu_milli) if shape.cpu_milli else copies
+        used = usable if placed >= copies else min(usable, placed * per_copy)
+        total += probability * (idle - used if copies > 0 else idle)
+    return total
+
+
+_MODELS = ["T4", "V100M16", "G2"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(gpus=st.lists(st.tuples(st.sampled_from(_MODELS), st.integers(0, 1000), st.booleans()), min_size=1, max_size=8),
+       cpu_used=st.integers(0, 64000),
+       shapes=st.lists(st.tuples(st.integers(0, 8), st.sampled_from([0, 100, 250, 500, 1000]),
+                                 st.sampled_from([0, 2000, 4000, 8000, 32000]), st.booleans(),
+                                 st.sampled_from([(), ("T4",), ("G2", "V100M16")]), st.integers(1, 20)),
+                       min_size=1, max_size=30))
+def test_both_measures_give_what_their_definition_gives(
+        gpus: list[tuple[str, int, bool]], cpu_used: int,
+        shapes: list[tuple[int, int, int, bool, tuple[str, ...], int]]) -> None:
+    """FGD's and the lookahead's F, summed per GPU demand and by CPU for speed, equal the definition's sum over
+    every shape and GPU (exactly, in the integer units they compare)."""
+    host = Node("n", [GPU(index=i, model=model, total=1000, used=1000 - free if touched or free < 1000 else 0,
+                          holders=int(touched or free < 1000))
+                      for i, (model, free, touched) in enumerate(gpus)], cpu_milli=64000, cpu_used=cpu_used)
+    learned = workload(*((Shape(count, per_gpu if count else 0, cpu, exclusive and count > 0, ModelRule(models)),
+                          float(weight)) for count, per_gpu, cpu, exclusive, models, weight in shapes))
+    target = list(learned.target)
+    # The measures weigh each shape in parts per million: each rounding moves F by at most half a part of the idle.
+    rounding = len(target) * sum(g.free for g in host.gpus) / 2 / PRECISION
+    for policy, ahead in ((FragmentationGradient(learned), False), (FragmentationLookahead(learned), True)):
+        expected = _fragment_by_definition(host, target, ahead)
+        assert abs(policy.fragmentation(host) - expected) <= rounding + 1e-9, policy.name

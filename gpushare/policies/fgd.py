@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import attrgetter
 
-from gpushare.contract import PodRequest
+from gpushare.contract import ModelRule, PodRequest
 from gpushare.model import GPU, Node
 from gpushare.policies.base import Candidate, pick_gpus
 from gpushare.policies.workload import Shape, Target, WorkloadDistribution
@@ -48,27 +48,63 @@ PRECISION = 1_000_000
 SCORE_LEVELS = 100
 
 
+# One GPU demand of the target: GPU count, share per GPU, exclusive, accepted models. Many shapes differ only in
+# CPU, so F's GPU side is worked out once per demand, not once per shape.
+Demand = tuple[int, int, bool, ModelRule]
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    """The shapes of one demand by their CPU's rank, ascending, with the running sum of their weights: the weight
+    of the shapes a node has the CPU for is one bisection."""
+
+    keys: tuple[int, ...]
+    below: tuple[int, ...]  # below[i]: the weight of the first i shapes
+
+    @classmethod
+    def of(cls, pairs: Iterable[tuple[int, int]]) -> Weights:
+        ordered = sorted(pairs)
+        return cls(tuple(k for k, _ in ordered), tuple(accumulate((w for _, w in ordered), initial=0)))
+
+
 class FragmentationMeasure:
     """F for one target workload: the README's measure, prepared for fast evaluation.
 
     F depends on the node's free CPU only through which of the target's CPU thresholds it meets, so the
     state a value is memoised under records that class, not the exact amount. A shape that needs no GPU
     can use no idle GPU memory, so all of it is fragment for that shape (the paper's rule).
+
+    F is the idle memory times the target's whole weight, less what each shape could use, weighted: a shape's
+    use depends on its demand's GPU side and on its CPU, so shapes are summed per demand by their CPU's rank.
     """
 
     def __init__(self, target: Target) -> None:
         self.coverage = sum(p for _, p in target) or 1.0
         self.thresholds = sorted({shape.cpu_milli for shape, _ in target})
-        self.shapes = tuple((round(p * PRECISION), s.cpu_milli, s.gpu_count, s.per_gpu, s.exclusive)
-                            for s, p in target)
-        self._ranks = tuple(bisect_left(self.thresholds, s.cpu_milli) for s, _ in target)
-        self._rules = tuple(s.models for s, _ in target)
+        weighted = [(shape, round(p * PRECISION)) for shape, p in target]
+        self.weight = sum(w for _, w in weighted)
+        shapes: dict[Demand, list[tuple[int, int]]] = {}
+        cpu_only = []
+        for shape, weight in weighted:
+            if shape.gpu_count == 0:
+                cpu_only.append((shape.cpu_milli, weight))
+            else:
+                demand = (shape.gpu_count, shape.per_gpu, shape.exclusive, shape.models)
+                shapes.setdefault(demand, []).append((shape.cpu_milli, weight))
+        self.demands = tuple(shapes)
+        # Per demand its shapes' CPU and weight; the same for the shapes that need no GPU.
+        self.demand_shapes = tuple(tuple(pairs) for pairs in shapes.values())
+        self.cpu_only = tuple(cpu_only)
+        # Per demand its shapes by the rank of their CPU among the thresholds (what a state records).
+        self._by_rank = tuple(Weights.of((bisect_left(self.thresholds, cpu), w) for cpu, w in pairs)
+                              for pairs in shapes.values())
         self._accepts: dict[str, tuple[bool, ...]] = {}
 
     def accepts(self, model: str) -> tuple[bool, ...]:
+        """Per demand, whether it accepts ``model``."""
         found = self._accepts.get(model)
         if found is None:
-            found = self._accepts[model] = tuple(rule.accepts(model) for rule in self._rules)
+            found = self._accepts[model] = tuple(rule.accepts(model) for _, _, _, rule in self.demands)
         return found
 
     def state(self, cpu_free: int, pools: tuple[Pool, ...]) -> StateKey:
@@ -80,27 +116,27 @@ class FragmentationMeasure:
         idle = sum(sum(frees) for _, frees, _ in pools)
         if idle == 0:
             return 0
-        prepared = [(self.accepts(model), frees, tuple(accumulate(frees, initial=0)), wholes)
-                    for model, frees, wholes in pools]
-        total = 0
-        for i, ((weight, _, count, per_gpu, exclusive), rank) in enumerate(zip(self.shapes, self._ranks,
-                                                                               strict=True)):
-            if count == 0 or rank >= cpu_class:
-                total += weight * idle
+        prepared = [(self.accepts(model), frees, wholes) for model, frees, wholes in pools]
+        used = 0
+        for i, ((count, per_gpu, exclusive, _), ranks) in enumerate(zip(self.demands, self._by_rank, strict=True)):
+            # The shapes whose CPU the node still has: the others can use nothing.
+            weight = ranks.below[bisect_left(ranks.keys, cpu_class)]
+            if not weight:
                 continue
             hosts = usable = 0
-            for accepts, frees, prefix, wholes in prepared:
+            for accepts, frees, wholes in prepared:
                 if not accepts[i]:
                     continue
                 if exclusive:
                     hosts += len(wholes)
                     usable += sum(wholes)
                 else:
-                    k = bisect_left(frees, per_gpu)
-                    hosts += len(frees) - k
-                    usable += prefix[-1] - prefix[k]
-            total += weight * (idle if hosts < count else idle - usable)
-        return total
+                    room = frees[bisect_left(frees, per_gpu):]
+                    hosts += len(room)
+                    usable += sum(room)
+            if hosts >= count:
+                used += weight * usable
+        return self.weight * idle - used
 
 
 def _whole(gpu: GPU) -> bool:

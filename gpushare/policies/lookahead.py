@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from gpushare.contract import ModelRule, PodRequest
+from gpushare.contract import PodRequest
 from gpushare.model import Node
 from gpushare.policies.base import Candidate
 from gpushare.policies.fgd import (
@@ -56,15 +56,13 @@ class CapacityMeasure(FragmentationMeasure):
         largest = max((s.per_gpu for s, _ in target if s.gpu_count), default=0)
         # Growth is compared at this resolution (memory units times PRECISION; 0: exactly).
         self.step = largest * PRECISION // STEP_FRACTION
-        # Many target shapes differ only in CPU: their GPU side is computed once per distinct GPU demand.
-        demands: dict[tuple[int, int, bool, ModelRule], int] = {}
-        plan = []
-        for (weight, cpu, count, per_gpu, exclusive), (shape, _) in zip(self.shapes, target, strict=True):
-            demand = demands.setdefault((count, per_gpu, exclusive, shape.models), len(demands))
-            plan.append((weight, cpu, count, demand))
-        self._demands = tuple(demands)
+        # Per shape: its weight, its CPU, and its demand's number (-1: it needs no GPU). Unlike FGD's, this F
+        # depends on the exact free CPU (how many copies it feeds), and a loop over the few dozen shapes of a
+        # target is cheaper than bisecting each demand's shapes by CPU (4 against 7 us at openb's 35).
+        plan = [(w, cpu, -1) for cpu, w in self.cpu_only]
+        for demand, shapes in enumerate(self.demand_shapes):
+            plan.extend((w, cpu, demand) for cpu, w in shapes)
         self._plan = tuple(plan)
-        self._demand_accepts: dict[str, tuple[bool, ...]] = {}
         self._gpu_memo: dict[tuple[Pool, ...], _GPUSide] = {}
 
     def state(self, cpu_free: int, pools: tuple[Pool, ...]) -> StateKey:
@@ -76,8 +74,8 @@ class CapacityMeasure(FragmentationMeasure):
         if idle == 0:
             return 0
         total = 0
-        for weight, cpu, count, demand in self._plan:
-            if count == 0:
+        for weight, cpu, demand in self._plan:
+            if demand < 0:
                 if cpu > cpu_free:
                     total += weight * idle
                 continue
@@ -91,19 +89,13 @@ class CapacityMeasure(FragmentationMeasure):
                 total += weight * (idle - (usable if usable < fits * per_copy else fits * per_copy))
         return total
 
-    def _accepted_by(self, model: str) -> tuple[bool, ...]:
-        found = self._demand_accepts.get(model)
-        if found is None:
-            found = self._demand_accepts[model] = tuple(rule.accepts(model) for _, _, _, rule in self._demands)
-        return found
-
     def _gpu_side(self, pools: tuple[Pool, ...]) -> _GPUSide:
         found = self._gpu_memo.get(pools)
         if found is not None:
             return found
         side: list[tuple[int, int, int]] = []
-        accepted = [(self._accepted_by(model), frees, wholes) for model, frees, wholes in pools]
-        for i, (count, per_gpu, exclusive, _) in enumerate(self._demands):
+        accepted = [(self.accepts(model), frees, wholes) for model, frees, wholes in pools]
+        for i, (count, per_gpu, exclusive, _) in enumerate(self.demands):
             usable = copies = hosts = 0
             for accepts, frees, wholes in accepted:
                 if not accepts[i]:
