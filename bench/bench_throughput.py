@@ -2,15 +2,21 @@
 
     .venv/bin/python -m bench.bench_throughput [--nodes 5000,15000] [--pods 10000] [--policies all]
                                                [--node-choices filter,prioritize]
-                                               [--data ../shared/data/openb] [--trace default] [--seed 42]
-                                               [--host-requests fixed|trace] [--scrape-interval 15]
+                                               [--data ../shared/data/openb] [--trace default|FILE.csv]
+                                               [--seed 42] [--host-requests fixed|trace]
+                                               [--fleet uniform|openb] [--scrape-interval 15]
 
-For each cluster size a local API server holds ``--nodes`` nodes of 8 x 16 GiB GPUs. ``--pods`` pending pods are
-created first, their GPU shapes drawn from an openb trace (``--trace``: fractional, whole-GPU and multi-GPU pods,
+For each cluster size a local API server holds ``--nodes`` nodes. With ``--fleet uniform`` (the default) each has
+8 x 16 GiB GPUs, 96 CPUs and 768 GiB. ``--pods`` pending pods are created first, their GPU shapes drawn from an
+openb trace (``--trace``, a name or a pod list file of the same columns: fractional, whole-GPU and multi-GPU pods,
 in the trace's proportions, which differ across the family: multigpu30 has more multi-GPU pods, gpushare60 more
-fractional ones; memory = the trace's GPU fraction x 16 GiB, at least 1 GiB; model constraints dropped,
-since every GPU here is the same), each requesting 1 CPU and 2 GiB, or with ``--host-requests trace`` its trace
-pod's CPU and memory (nodes have 96 CPUs and 768 GiB). Then the local cluster's scheduler loop schedules them all with
+fractional ones; memory = the trace's GPU fraction x 16 GiB, at least 1 GiB; model constraints dropped, since
+every GPU here is the same), each requesting 1 CPU and 2 GiB, or with ``--host-requests trace`` its trace pod's
+CPU and memory. With ``--fleet openb`` the nodes are openb's own cluster repeated to the size asked for (node i is
+the node list's node i modulo its length: nine models, 1, 2, 4 or 8 GPUs, their CPUs and memory), every GPU
+counted as 1000 MiB as the replay counts it (the extender runs with ``--unit MiB``), and each pod asks for its
+trace pod's GPU share in MiB and keeps its model constraint: a fleet of many node shapes and far more distinct
+node states than the uniform one. Then the local cluster's scheduler loop schedules them all with
 kube-scheduler's pattern (serial cycles over the first ``numFeasibleNodesToFind`` feasible nodes from a
 rotating start, prioritize when more than one node passed, binds in the background):
 
@@ -56,7 +62,8 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import cycle, islice
 from pathlib import Path
 from typing import Any
 
@@ -66,10 +73,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from tabulate import tabulate
 
 from bench import openb
-from bench.replay_http import wait_for_url
+from bench.replay_http import advertise_in_unit, wait_for_url
 from extender.config import NodeChoice
 from gpushare.clusterspec import ClusterSpec, GPUSpec, NodeSpec
-from gpushare.contract import ANN_GPU_COUNT, RESOURCE_GPU_MEM
+from gpushare.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, RESOURCE_GPU_MEM, MemoryUnit
 from gpushare.kube.api import Kube
 from gpushare.kube.client import load_configuration
 from gpushare.localcluster import LocalCluster
@@ -78,6 +85,7 @@ from gpushare.policies import DEFAULT_POLICY, policy_names
 
 NODE_GPUS = 8
 GPU_GIB = 16
+FLEETS = ("uniform", "openb")
 MODEL = "Tesla-V100-SXM2-16GB"
 START_TIMEOUT_S = 120.0
 # The share of the pods whose binds set a row's rate (see ``run_loop``).
@@ -95,10 +103,11 @@ FIXED_MEMORY = "2Gi"
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    per_gpu_gib: int
+    per_gpu: int  # GPU memory per GPU, in the fleet's unit (GiB for the uniform fleet, MiB for openb's)
     gpus: int
     cpu: str = FIXED_CPU
     memory: str = FIXED_MEMORY
+    models: str = ""  # the trace pod's model constraint, kept on openb's fleet only
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,20 +129,30 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def trace_shapes(data: Path, trace: str, count: int, seed: int, trace_host_requests: bool = False) -> list[Shape]:
-    """``count`` GPU shapes drawn from the named trace's GPU pods, with replacement, in its proportions; with
-    ``trace_host_requests``, each with its trace pod's CPU and memory requests too (many more distinct shapes)."""
+def trace_shapes(data: Path, trace: str, count: int, seed: int, trace_host_requests: bool = False,
+                 fleet: str = "uniform") -> list[Shape]:
+    """``count`` GPU shapes drawn from the trace's GPU pods, with replacement, in its proportions; with
+    ``trace_host_requests``, each with its trace pod's CPU and memory requests too (many more distinct shapes).
+    ``trace``: a name of the family, or a pod list file."""
     pods = [p for p in openb.load_pods(data, trace) if p.num_gpu]
     rng = random.Random(seed)
     shapes = []
     for pod in rng.choices(pods, k=count):
-        fraction = pod.gpu_milli / 1000
         host = {"cpu": f"{pod.cpu_milli}m", "memory": f"{pod.memory_mib}Mi"} if trace_host_requests else {}
-        shapes.append(Shape(max(1, round(fraction * GPU_GIB)) if pod.num_gpu == 1 else GPU_GIB, pod.num_gpu, **host))
+        if fleet == "openb":  # GPUs of 1000 MiB: the trace's own numbers
+            shapes.append(Shape(pod.gpu_milli, pod.num_gpu, models=pod.gpu_spec, **host))
+        else:
+            fraction = pod.gpu_milli / 1000
+            shapes.append(Shape(max(1, round(fraction * GPU_GIB)) if pod.num_gpu == 1 else GPU_GIB, pod.num_gpu,
+                                **host))
     return shapes
 
 
-def cluster(nodes: int) -> ClusterSpec:
+def cluster(nodes: int, fleet: str, data: Path) -> ClusterSpec:
+    if fleet == "openb":
+        kinds = openb.load_nodes(data)
+        return openb.cluster_spec(replace(kind, name=f"node-{i:05d}")
+                                  for i, kind in enumerate(islice(cycle(kinds), nodes)))
     gpus = [GPUSpec.model_validate({"model": MODEL, "memoryMiB": GPU_GIB * 1024, "numa": i // 4})
             for i in range(NODE_GPUS)]
     return ClusterSpec(nodes=[NodeSpec(name=f"node-{i:05d}", cpu="96", memory="768Gi", pods="110", gpus=gpus)
@@ -142,7 +161,9 @@ def cluster(nodes: int) -> ClusterSpec:
 
 def manifest(name: str, shape: Shape) -> dict[str, Any]:
     annotations = {ANN_GPU_COUNT: str(shape.gpus)} if shape.gpus > 1 else {}
-    limits = {RESOURCE_GPU_MEM: str(shape.per_gpu_gib * shape.gpus)}
+    if shape.models:
+        annotations[ANN_GPU_MODEL] = shape.models
+    limits = {RESOURCE_GPU_MEM: str(shape.per_gpu * shape.gpus)}
     requests = {"cpu": shape.cpu, "memory": shape.memory}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default", "annotations": annotations},
@@ -268,9 +289,11 @@ def child(command: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 
 @contextmanager
-def extender(kubeconfig: Path, policy: str, choice: str, seed: int, log: Path) -> Iterator[tuple[str, int]]:
+def extender(kubeconfig: Path, policy: str, choice: str, seed: int, fleet: str, log: Path
+             ) -> Iterator[tuple[str, int]]:
     command = [sys.executable, "-m", "extender", "--host", "127.0.0.1", "--port", "0", "--policy", policy,
-               "--node-choice", choice, "--tie-seed", str(seed), "--kubeconfig", str(kubeconfig)]
+               "--node-choice", choice, "--tie-seed", str(seed), "--kubeconfig", str(kubeconfig),
+               "--unit", (MemoryUnit.MiB if fleet == "openb" else MemoryUnit.GiB).value]
     with child(command, log) as process:
         url = wait_for_url(process, log)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -307,22 +330,26 @@ def percentile(samples: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def serve_cluster(nodes: int, kubeconfig: Path) -> None:
-    """Child process: the local API server with ``nodes`` nodes until SIGTERM; the kubeconfig appears once it serves."""
+def serve_cluster(nodes: int, fleet: str, data: Path, kubeconfig: Path) -> None:
+    """Child process: the local API server with ``nodes`` nodes of ``fleet`` until SIGTERM; the kubeconfig appears
+    once it serves them as the benchmark needs."""
     # Blocked before the server's thread starts, so that it inherits the mask and only sigwait takes them.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-    with LocalCluster(cluster(nodes)) as local:
+    spec = cluster(nodes, fleet, data)
+    with LocalCluster(spec) as local:
+        if fleet == "openb":
+            advertise_in_unit(client.CoreV1Api(local.api_client()), spec)
         local.write_kubeconfig(kubeconfig.with_suffix(".partial")).rename(kubeconfig)  # whole, or not there yet
         signal.sigwait({signal.SIGTERM, signal.SIGINT})
 
 
 @contextmanager
-def api_server(nodes: int, workdir: Path) -> Iterator[tuple[Path, int]]:
+def api_server(nodes: int, fleet: str, data: Path, workdir: Path) -> Iterator[tuple[Path, int]]:
     """The local API server as its own process: its kubeconfig and pid."""
     kubeconfig = workdir / f"kubeconfig-{nodes}"
     log = workdir / f"apiserver-{nodes}.log"
-    command = [sys.executable, "-m", "bench.bench_throughput", "--serve-cluster", str(nodes), "--kubeconfig-out",
-               str(kubeconfig)]
+    command = [sys.executable, "-m", "bench.bench_throughput", "--serve-cluster", str(nodes), "--fleet", fleet,
+               "--data", str(data), "--kubeconfig-out", str(kubeconfig)]
     with child(command, log) as process:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not kubeconfig.exists():
@@ -345,12 +372,12 @@ class Run:
     api_cpu_ms: float
 
 
-def measure(nodes: int, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]], seed: int, workdir: Path,
-            scrape_interval_s: float) -> list[Row]:
+def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]], seed: int,
+            workdir: Path, scrape_interval_s: float) -> list[Row]:
     """The floor, the null extender, one row per (policy, node choice) of ``runs``, then the floor again."""
     rows = []
     progress(f"{nodes} nodes: starting the local API server")
-    with api_server(nodes, workdir) as (kubeconfig, api_pid):
+    with api_server(nodes, fleet, data, workdir) as (kubeconfig, api_pid):
         configuration = load_configuration(kubeconfig)
         api = client.ApiClient(configuration)
         core = client.CoreV1Api(api)
@@ -387,7 +414,7 @@ def measure(nodes: int, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]]
         for policy, choice in runs:
             what = f"{policy}, chosen in {choice}"
             log = workdir / f"extender-{nodes}-{policy}-{choice}.log"
-            with extender(kubeconfig, policy, choice, seed, log) as (url, pid):
+            with extender(kubeconfig, policy, choice, seed, fleet, log) as (url, pid):
                 _, full_before = extender_figures(url)
                 run = scheduled(f"{policy}-{choice}", what, url + "/gpushare-scheduler", pid, url + "/metrics")
                 rss = proc_rss_mib(pid)
@@ -433,12 +460,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"comma-separated --node-choice values each policy runs with "
                              f"({', '.join(NodeChoice)}; default {NodeChoice.FILTER.value})")
     parser.add_argument("--data", type=Path, default=openb.DEFAULT_DATA, help="the openb folder (pod shapes)")
-    parser.add_argument("--trace", choices=sorted(openb.TRACES), default="default",
-                        help="the openb trace in --data whose GPU pods the shapes are drawn from")
+    parser.add_argument("--trace", default="default",
+                        help=f"the openb trace in --data whose GPU pods the shapes are drawn from "
+                             f"({', '.join(openb.TRACES)}), or a pod list file of the same columns")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--host-requests", choices=("fixed", "trace"), default="fixed",
                         help=f"each pod's CPU and memory requests: {FIXED_CPU} CPU and {FIXED_MEMORY} (fixed), or its "
                              "trace pod's (trace: 126 distinct shapes in the default trace instead of 24)")
+    parser.add_argument("--fleet", choices=FLEETS, default="uniform",
+                        help="the nodes: all 8 x 16 GiB (uniform), or openb's node list repeated to the size (openb)")
     parser.add_argument("--scrape-interval", type=float, default=15.0, metavar="SECONDS",
                         help="how often each policy's extender's /metrics is scraped during its row, as Prometheus "
                              "would (0: never)")
@@ -446,17 +476,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kubeconfig-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_cluster is not None:
-        serve_cluster(args.serve_cluster, args.kubeconfig_out)
+        serve_cluster(args.serve_cluster, args.fleet, args.data, args.kubeconfig_out)
         return 0
+    try:
+        openb.trace_path(args.data, args.trace)
+    except openb.TraceError as exc:
+        parser.error(str(exc))
     policies = list(policy_names()) if args.policies == "all" else args.policies.split(",")
     policies.sort(key=lambda p: p != DEFAULT_POLICY)
     runs = [(policy, NodeChoice(choice).value) for policy in policies for choice in args.node_choices.split(",")]
     sys.setswitchinterval(DRIVER_SWITCH_INTERVAL_S)
-    shapes = trace_shapes(args.data, args.trace, args.pods, args.seed, args.host_requests == "trace")
+    shapes = trace_shapes(args.data, args.trace, args.pods, args.seed, args.host_requests == "trace", args.fleet)
+    fleet = (f"nodes of openb's fleet, repeated ({len(openb.load_nodes(args.data))} nodes)" if args.fleet == "openb"
+             else f"nodes x {NODE_GPUS} GPUs")
     with tempfile.TemporaryDirectory(prefix="gpushare-throughput-") as tmp:
         for nodes in (int(n) for n in args.nodes.split(",")):
-            rows = measure(nodes, shapes, runs, args.seed, Path(tmp), args.scrape_interval)
-            print(f"{nodes} nodes x {NODE_GPUS} GPUs, pods of openb's {args.trace} trace\n{table(rows)}", flush=True)
+            rows = measure(nodes, args.fleet, args.data, shapes, runs, args.seed, Path(tmp), args.scrape_interval)
+            print(f"{nodes} {fleet}, pods of openb's {openb.trace_name(args.trace)} trace\n{table(rows)}",
+                  flush=True)
             print(flush=True)
     return 0
 

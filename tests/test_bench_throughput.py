@@ -5,22 +5,43 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench import openb
-from bench.bench_throughput import Shape, trace_shapes
+from bench.bench_throughput import Shape, cluster, manifest, trace_shapes
+from gpushare.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, RESOURCE_GPU_MEM
 
 HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
 
 
-def write_pods(folder: Path, trace: str, rows: list[tuple[int, int, int, int]]) -> None:
-    """A pod list of ``trace`` in ``folder``: (cpu_milli, memory_mib, num_gpu, gpu_milli) per pod."""
-    lines = [HEADER] + [f"pod-{i},{cpu},{memory},{gpus},{milli},,LS,Running,0,0,0"
-                        for i, (cpu, memory, gpus, milli) in enumerate(rows)]
+def write_pods(folder: Path, trace: str, rows: list[tuple[int, int, int, int, str]]) -> None:
+    """A pod list of ``trace`` in ``folder``: (cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec) per pod."""
+    lines = [HEADER] + [f"pod-{i},{cpu},{memory},{gpus},{milli},{models},LS,Running,0,0,0"
+                        for i, (cpu, memory, gpus, milli, models) in enumerate(rows)]
     (folder / openb.TRACES[trace]).write_text("\n".join(lines) + "\n")
 
 
 def test_shapes_come_from_the_named_trace_and_only_from_its_gpu_pods(tmp_path: Path) -> None:
-    write_pods(tmp_path, "default", [(4000, 8192, 1, 500), (2000, 4096, 0, 0)])
-    write_pods(tmp_path, "multigpu30", [(32000, 65536, 8, 1000), (2000, 4096, 0, 0)])
-    assert set(trace_shapes(tmp_path, "default", 20, seed=1)) == {Shape(per_gpu_gib=8, gpus=1)}
-    assert set(trace_shapes(tmp_path, "multigpu30", 20, seed=1)) == {Shape(per_gpu_gib=16, gpus=8)}
+    write_pods(tmp_path, "default", [(4000, 8192, 1, 500, ""), (2000, 4096, 0, 0, "")])
+    write_pods(tmp_path, "multigpu30", [(32000, 65536, 8, 1000, ""), (2000, 4096, 0, 0, "")])
+    assert set(trace_shapes(tmp_path, "default", 20, seed=1)) == {Shape(per_gpu=8, gpus=1)}
+    assert set(trace_shapes(tmp_path, "multigpu30", 20, seed=1)) == {Shape(per_gpu=16, gpus=8)}
     with_hosts = trace_shapes(tmp_path, "multigpu30", 5, seed=1, trace_host_requests=True)
-    assert set(with_hosts) == {Shape(per_gpu_gib=16, gpus=8, cpu="32000m", memory="65536Mi")}
+    assert set(with_hosts) == {Shape(per_gpu=16, gpus=8, cpu="32000m", memory="65536Mi")}
+
+
+def test_the_openb_fleet_repeats_the_node_list_and_its_pods_keep_their_share_and_models(tmp_path: Path) -> None:
+    (tmp_path / openb.NODE_FILE).write_text("sn,cpu_milli,memory_mib,gpu,model\n"
+                                            "a,64000,262144,2,P100\nb,96000,393216,8,G2\n")
+    spec = cluster(5, "openb", tmp_path)
+    assert [n.name for n in spec.nodes] == [f"node-{i:05d}" for i in range(5)]
+    assert [(len(n.gpus), n.gpus[0].model) for n in spec.nodes] == [(2, "P100"), (8, "G2")] * 2 + [(2, "P100")]
+    assert {g.memory_mib for n in spec.nodes for g in n.gpus} == {openb.GPU_UNITS}
+    assert spec.nodes[1].cpu == "96000m"
+
+    write_pods(tmp_path, "gpuspec10", [(4000, 8192, 1, 250, "V100M16|V100M32"), (8000, 16384, 2, 1000, "")])
+    shapes = set(trace_shapes(tmp_path, "gpuspec10", 40, seed=3, fleet="openb"))
+    assert shapes == {Shape(per_gpu=250, gpus=1, models="V100M16|V100M32"), Shape(per_gpu=1000, gpus=2)}
+    fractional = manifest("p", Shape(per_gpu=250, gpus=1, models="V100M16|V100M32"))
+    assert fractional["metadata"]["annotations"] == {ANN_GPU_MODEL: "V100M16|V100M32"}
+    assert fractional["spec"]["containers"][0]["resources"]["limits"] == {RESOURCE_GPU_MEM: "250"}
+    whole = manifest("q", Shape(per_gpu=1000, gpus=2))
+    assert whole["metadata"]["annotations"] == {ANN_GPU_COUNT: "2"}
+    assert whole["spec"]["containers"][0]["resources"]["limits"] == {RESOURCE_GPU_MEM: "2000"}
