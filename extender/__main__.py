@@ -19,6 +19,10 @@ from gpushare.logs import configure_logging
 
 log = logging.getLogger("extender")
 
+# Connections to the API server besides the binds': the watches (nodes, pods, PodDisruptionBudgets, PodGroups), the
+# leader election's calls, and a gang's reads of its PodGroup.
+OTHER_CONNECTIONS = 8
+
 
 def main(argv: Sequence[str] | None = None) -> None:
     try:
@@ -28,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(2) from None
     configure_logging(config.log_level)
     try:
-        kube = connect(config.kubeconfig, config.context)
+        kube = connect(config.kubeconfig, config.context, connections=config.max_binds + OTHER_CONNECTIONS)
     except KubeConfigError as exc:
         print(f"gpushare-extender: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

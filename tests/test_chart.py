@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.config import parse_config
+from extender.config import DEFAULT_MAX_BINDS, parse_config
 from gpushare import schedconfig
 from gpushare.policies import DEFAULT_POLICY
 from gpushare.schedconfig import ExtenderOptions, SchedulerOptions
@@ -86,7 +86,7 @@ def test_extender_command_and_probes(rendered: dict[str, Docs]) -> None:
     # The chart's default policy is the extender's own default, so a chart install behaves like the README says.
     assert extender["args"] == ["--port=39999", "--health-port=39998", f"--policy={DEFAULT_POLICY}",
                                 "--node-choice=filter", "--unit=GiB",
-                                "--log-level=INFO", "--bind-timeout=3", "--max-concurrent-binds=32",
+                                "--log-level=INFO", "--bind-timeout=3", f"--max-concurrent-binds={DEFAULT_MAX_BINDS}",
                                 "--max-body-bytes=16777216"]
     # The bind budget stays a second below the httpTimeout the chart gives kube-scheduler.
     config = parse_config(extender["args"])

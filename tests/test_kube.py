@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -231,3 +236,56 @@ def test_a_silent_server_is_unavailable_after_the_callers_timeout(clean_env: Pat
 def test_a_caller_out_of_time_is_told_so_without_a_request(kube: Kube) -> None:
     with pytest.raises(Unavailable, match=r"^There was no time left to read pod default/p at the API server at "):
         kube.pods.read("default", "p", timeout_s=0)
+
+
+class _CountingServer(ThreadingHTTPServer):
+    """Answers every GET with a pod once ``calls`` requests are waiting together; counts the connections it took."""
+
+    daemon_threads = True
+
+    def __init__(self, calls: int) -> None:
+        self.connections = 0
+        self.together = threading.Barrier(calls, timeout=10)
+        super().__init__(("127.0.0.1", 0), _PodAnswer)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        self.connections += 1  # accept() runs on the serving thread only
+        return super().get_request()
+
+
+class _PodAnswer(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _CountingServer
+
+    def do_GET(self) -> None:
+        self.server.together.wait()
+        body = b'{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","namespace":"default"}}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("sized", [True, False])
+def test_connections_keeps_that_many_calls_on_open_connections(clean_env: Path, tmp_path: Path, sized: bool) -> None:
+    # More calls at once than the client's default pool keeps (five per core), in two rounds.
+    calls = 5 * (os.cpu_count() or 1) + 16
+    server = _CountingServer(calls)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    try:
+        config = kubeconfig(tmp_path / "config", {"local": f"http://127.0.0.1:{server.server_port}"}, "local")
+        kube = connect(config, connections=calls if sized else None)
+        with ThreadPoolExecutor(max_workers=calls) as pool:
+            for _ in range(2):
+                assert {p["metadata"]["name"] for p in pool.map(lambda _: kube.pods.read("default", "p"),
+                                                                 range(calls))} == {"p"}
+    finally:
+        server.shutdown()
+        server.server_close()
+    # Sized, the second round reuses the first round's connections; else those past the pool were closed.
+    assert (server.connections == calls) is sized

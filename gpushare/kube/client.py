@@ -96,8 +96,15 @@ def load_configuration(kubeconfig: str | Path | None = None, context: str | None
     return configuration
 
 
-def connect(kubeconfig: str | Path | None = None, context: str | None = None, *,
+def connect(kubeconfig: str | Path | None = None, context: str | None = None, *, connections: int | None = None,
             service_account_dir: Path = SERVICE_ACCOUNT_DIR) -> Kube:
-    """The cluster kubectl would talk to, ready for gpushare's calls (see ``load_configuration``)."""
+    """The cluster kubectl would talk to, ready for gpushare's calls (see ``load_configuration``).
+
+    ``connections``: how many calls may be open at once, watches included, when that is more than the client's
+    default pool (five per core) keeps: past the pool, urllib3 opens a connection per call and closes it after,
+    warning each time.
+    """
     configuration = load_configuration(kubeconfig, context, service_account_dir=service_account_dir)
+    if connections is not None:
+        configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, connections)
     return Kube.from_api_client(client.ApiClient(configuration))
