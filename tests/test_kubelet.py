@@ -147,6 +147,9 @@ def rig(backend: GPUBackend | None = None, isolation: IsolationConfig | None = N
 @pytest.fixture
 def node() -> Iterator[Rig]:
     with rig() as r:
+        # Registered is not yet usable: until ListAndWatch's first list arrives the kubelet has no devices of the
+        # resource and refuses a pod for lack of them, as a real kubelet would.
+        eventually(lambda: r.kubelet.devices(RESOURCE_GPU_MEM), "the first device list")
         yield r
 
 
