@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pynvml
@@ -53,6 +54,15 @@ _HAS_DRIVER = driver_gpus() is not None
 without_driver = pytest.mark.skipif(_HAS_DRIVER, reason="tests the path of a node without the NVIDIA driver, and "
                                                         "this machine has one")
 with_driver = pytest.mark.skipif(not _HAS_DRIVER, reason="needs the NVIDIA driver and a GPU (run on a GPU node)")
+
+
+def answer_json(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+    """A fake server's 200 answer with a JSON body, on a connection that stays open."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
 
 
 @contextmanager

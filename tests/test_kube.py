@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import cluster_spec
+from conftest import answer_json, cluster_spec
 from kubernetes import client
 
 from gpushare.kube.api import Conflict, Invalid, Kube, NotFound, Unavailable
@@ -259,12 +259,7 @@ class _PodAnswer(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.together.wait()
-        body = b'{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","namespace":"default"}}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        answer_json(self, b'{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","namespace":"default"}}')
 
     def log_message(self, *args: Any) -> None:
         pass

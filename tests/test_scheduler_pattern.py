@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from conftest import answer_json
 from kubernetes import client
 from test_extender_harness import create_pod, pod_body, read_pod, wait_for
 
@@ -67,12 +68,7 @@ def recorder() -> Iterator[tuple[Recorder, str]]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            answer = json.dumps(record.handle(self.path.rsplit("/", 1)[-1], body)).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
+            answer_json(self, json.dumps(record.handle(self.path.rsplit("/", 1)[-1], body)).encode())
 
         def log_message(self, *_: object) -> None:
             pass
