@@ -4,6 +4,8 @@ closed them, and failures as exceptions the loop turns into kube-scheduler's err
 from __future__ import annotations
 
 import http.client
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -102,3 +104,55 @@ def test_no_answer_is_an_exception_and_a_bad_url_a_sentence(server: str) -> None
     with pytest.raises(ValueError, match="must be http:// or https://"):
         ExtenderClient("unix:///run/extender.sock", timeout_s=5)
     assert issubclass(http.client.RemoteDisconnected, OSError)  # a dropped answer is caught as an OSError too
+
+
+# Answers one POST with the milliseconds between the end of its head and the end of its body, as they arrived.
+_TIMING_SERVER = r"""
+import socket, sys, time
+server = socket.create_server(("127.0.0.1", 0))
+print(server.getsockname()[1], flush=True)
+conn, _ = server.accept()
+data = b""
+while b"\r\n\r\n" not in data:
+    data += conn.recv(65536)
+head_done = time.monotonic()
+head, _, body = data.partition(b"\r\n\r\n")
+length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+while len(body) < length:
+    body += conn.recv(65536)
+gap = f"{(time.monotonic() - head_done) * 1000:.1f}".encode()
+conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(gap), gap))
+conn.close()
+"""
+
+
+def test_a_request_goes_out_in_one_write_even_when_the_caller_waits_for_the_gil() -> None:
+    """Written in two, the body of a request would follow its head only once the calling thread had the GIL back,
+    here a tenth of a second later behind a busy thread; the extender would wait for it with the head in hand."""
+    server = subprocess.Popen([sys.executable, "-c", _TIMING_SERVER], stdout=subprocess.PIPE, text=True)
+    busy = threading.Event()
+
+    def spin() -> None:
+        while not busy.is_set():
+            pass
+
+    interval = sys.getswitchinterval()
+    spinner = threading.Thread(target=spin)
+    try:
+        assert server.stdout is not None
+        extender = ExtenderClient(f"http://127.0.0.1:{int(server.stdout.readline())}", timeout_s=5)
+        sys.setswitchinterval(0.1)
+        spinner.start()
+        try:
+            status, gap = extender.post("filter", b'{"NodeNames": [' + b'"node-0001",' * 2000 + b'"node-0002"]}')
+        finally:
+            extender.close()
+        assert status == 200
+        assert float(gap) < 50, f"the body arrived {gap.decode()} ms after the head"
+    finally:
+        busy.set()
+        sys.setswitchinterval(interval)
+        if spinner.is_alive():
+            spinner.join()
+        server.kill()
+        server.wait()
