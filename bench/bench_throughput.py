@@ -487,12 +487,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = [(policy, NodeChoice(choice).value) for policy in policies for choice in args.node_choices.split(",")]
     sys.setswitchinterval(DRIVER_SWITCH_INTERVAL_S)
     shapes = trace_shapes(args.data, args.trace, args.pods, args.seed, args.host_requests == "trace", args.fleet)
-    fleet = (f"nodes of openb's fleet, repeated ({len(openb.load_nodes(args.data))} nodes)" if args.fleet == "openb"
-             else f"nodes x {NODE_GPUS} GPUs")
+    described = (f"nodes of openb's fleet, repeated ({len(openb.load_nodes(args.data))} nodes)"
+                 if args.fleet == "openb" else f"nodes x {NODE_GPUS} GPUs")
     with tempfile.TemporaryDirectory(prefix="gpushare-throughput-") as tmp:
         for nodes in (int(n) for n in args.nodes.split(",")):
             rows = measure(nodes, args.fleet, args.data, shapes, runs, args.seed, Path(tmp), args.scrape_interval)
-            print(f"{nodes} {fleet}, pods of openb's {openb.trace_name(args.trace)} trace\n{table(rows)}",
+            print(f"{nodes} {described}, pods of openb's {openb.trace_name(args.trace)} trace\n{table(rows)}",
                   flush=True)
             print(flush=True)
     return 0
