@@ -330,3 +330,29 @@ def test_both_measures_give_what_their_definition_gives(
     for policy, ahead in ((FragmentationGradient(learned), False), (FragmentationLookahead(learned), True)):
         expected = _fragment_by_definition(host, target, ahead)
         assert abs(policy.fragmentation(host) - expected) <= rounding + 1e-9, policy.name
+
+
+@settings(max_examples=100, deadline=None)
+@given(gpus=st.lists(st.tuples(st.sampled_from(_MODELS), st.integers(0, 1000), st.booleans()), min_size=1, max_size=8),
+       shapes=st.lists(st.tuples(st.integers(1, 8), st.sampled_from([100, 250, 500, 1000]),
+                                 st.sampled_from([0, 1000, 3000, 8000]), st.booleans(),
+                                 st.sampled_from([(), ("T4",), ("G2", "V100M16")]), st.integers(1, 20)),
+                       min_size=1, max_size=12))
+def test_the_lookahead_measure_is_exact_where_the_free_cpu_feeds_exactly_some_copies(
+        gpus: list[tuple[str, int, bool]], shapes: list[tuple[int, int, int, bool, tuple[str, ...], int]]) -> None:
+    """The lookahead sums F by bisecting each demand's shapes by CPU: at every free CPU that feeds a shape's copies
+    exactly (and one millicore either side), F is still the definition's."""
+    learned = workload(*((Shape(count, per_gpu, cpu, exclusive, ModelRule(models)), float(weight))
+                         for count, per_gpu, cpu, exclusive, models, weight in shapes))
+    target = list(learned.target)
+    policy = FragmentationLookahead(learned)
+    capacity = 64000
+    edges = {copies * cpu + step for _, _, cpu, _, _, _ in shapes for copies in range(82) for step in (-1, 0, 1)}
+    for cpu_free in sorted(e for e in edges if 0 <= e <= capacity):
+        host = Node("n", [GPU(index=i, model=model, total=1000, used=1000 - free if touched or free < 1000 else 0,
+                              holders=int(touched or free < 1000))
+                          for i, (model, free, touched) in enumerate(gpus)],
+                    cpu_milli=capacity, cpu_used=capacity - cpu_free)
+        rounding = len(target) * sum(g.free for g in host.gpus) / 2 / PRECISION
+        expected = _fragment_by_definition(host, target, True)
+        assert abs(policy.fragmentation(host) - expected) <= rounding + 1e-9, cpu_free
