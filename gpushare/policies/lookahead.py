@@ -40,10 +40,11 @@ from gpushare.policies.fgd import (
 )
 from gpushare.policies.workload import Target, WorkloadDistribution
 
-# GPU-side facts for one set of pools: its idle memory, and per distinct GPU demand (GPU count, share,
-# exclusive, model rule) of the target the GPU memory it could use, how many copies of it the GPUs could take,
-# and the memory one copy takes.
-_GPUSide = tuple[int, tuple[tuple[int, int, int], ...]]
+# GPU-side facts for one set of pools: its idle memory; the weight of the target's shapes whose GPU demand (GPU
+# count, share, exclusive, model rule) not one copy of fits, for which all of it is fragment; and per demand that
+# fits, its number, the GPU memory it could use, how many copies of it the GPUs could take, and the memory one
+# copy takes. Model rules leave most demands without a copy on a node: only the others are summed per call.
+_GPUSide = tuple[int, int, tuple[tuple[int, int, int, int], ...]]
 _GPU_MEMO_LIMIT = 100_000
 # Growth is compared in steps of this fraction of the largest per-GPU share in the target workload.
 STEP_FRACTION = 10
@@ -79,16 +80,15 @@ class CapacityMeasure(FragmentationMeasure):
 
     def amount(self, state: StateKey) -> int:
         cpu_free, pools = state
-        idle, side = self._gpu_side(pools)
+        idle, unhosted, hosted = self._gpu_side(pools)
         if idle == 0:
             return 0
         # Shapes that need no GPU: all the idle memory is fragment for those the node has not the CPU for.
         keys, below = self._cpu_only_weights.keys, self._cpu_only_weights.below
-        total = idle * (below[-1] - below[bisect_right(keys, cpu_free)])
-        for (usable, copies, per_copy), (no_cpu_weight, keys, below, weights) in zip(side, self._plan, strict=True):
-            if copies <= 0:
-                total += idle * (no_cpu_weight + below[-1])
-                continue
+        total = idle * (unhosted + below[-1] - below[bisect_right(keys, cpu_free)])
+        plan = self._plan
+        for demand, usable, copies, per_copy in hosted:
+            no_cpu_weight, keys, below, weights = plan[demand]
             fed = bisect_right(keys, cpu_free // copies)  # CPU x copies <= cpu_free: every copy is fed
             starved = bisect_right(keys, cpu_free, fed)  # CPU > cpu_free: not even one
             total += (idle - usable) * (no_cpu_weight + below[fed]) + idle * (below[-1] - below[starved])
@@ -100,9 +100,11 @@ class CapacityMeasure(FragmentationMeasure):
         found = self._gpu_memo.get(pools)
         if found is not None:
             return found
-        side: list[tuple[int, int, int]] = []
+        unhosted = 0
+        hosted: list[tuple[int, int, int, int]] = []
         accepted = [(self.accepts(model), frees, wholes) for model, frees, wholes in pools]
-        for i, (count, per_gpu, exclusive, _) in enumerate(self.demands):
+        for i, ((count, per_gpu, exclusive, _), (no_cpu_weight, _, below, _)) in enumerate(
+                zip(self.demands, self._plan, strict=True)):
             usable = copies = hosts = 0
             for accepts, frees, wholes in accepted:
                 if not accepts[i]:
@@ -118,11 +120,15 @@ class CapacityMeasure(FragmentationMeasure):
                     copies += sum(free // per_gpu for free in room)
             if count != 1 or per_gpu <= 0 or exclusive:
                 copies = hosts // count if count else 0
+            if copies <= 0:
+                unhosted += no_cpu_weight + below[-1]
+                continue
             per_copy = per_gpu * count if per_gpu > 0 and not exclusive else (usable // hosts * count if hosts else 0)
-            side.append((usable, copies, per_copy))
+            hosted.append((i, usable, copies, per_copy))
         if len(self._gpu_memo) >= _GPU_MEMO_LIMIT:
             self._gpu_memo.clear()
-        result = self._gpu_memo[pools] = (sum(sum(frees) for _, frees, _ in pools), tuple(side))
+        idle = sum(sum(frees) for _, frees, _ in pools)
+        result = self._gpu_memo[pools] = (idle, unhosted, tuple(hosted))
         return result
 
 
