@@ -25,6 +25,8 @@ whole for multi-GPU tasks.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from itertools import repeat
+from operator import floordiv, mul
 
 from gpushare.contract import PodRequest
 from gpushare.model import Node
@@ -91,9 +93,11 @@ class CapacityMeasure(FragmentationMeasure):
             no_cpu_weight, keys, below, weights = plan[demand]
             fed = bisect_right(keys, cpu_free // copies)  # CPU x copies <= cpu_free: every copy is fed
             starved = bisect_right(keys, cpu_free, fed)  # CPU > cpu_free: not even one
-            total += (idle - usable) * (no_cpu_weight + below[fed]) + idle * (below[-1] - below[starved])
-            for i in range(fed, starved):
-                total += weights[i] * (idle - min(usable, cpu_free // keys[i] * per_copy))
+            total += (idle - usable) * (no_cpu_weight + below[fed]) + idle * (below[-1] - below[fed])
+            # In between, a shape feeds cpu_free // CPU copies of per_copy each: fewer than ``copies``, which never
+            # use more than is usable (``_gpu_side``), so these use no more either. On a cluster with room this is
+            # most shapes (a few cores feed every copy of a small share), summed in one C-level pass.
+            total -= per_copy * sum(map(mul, weights[fed:starved], map(floordiv, repeat(cpu_free), keys[fed:starved])))
         return total
 
     def _gpu_side(self, pools: tuple[Pool, ...]) -> _GPUSide:
@@ -123,6 +127,7 @@ class CapacityMeasure(FragmentationMeasure):
             if copies <= 0:
                 unhosted += no_cpu_weight + below[-1]
                 continue
+            # Never more than usable / copies: each copy takes its share of the GPUs counted in ``usable``.
             per_copy = per_gpu * count if per_gpu > 0 and not exclusive else (usable // hosts * count if hosts else 0)
             hosted.append((i, usable, copies, per_copy))
         if len(self._gpu_memo) >= _GPU_MEMO_LIMIT:
