@@ -237,9 +237,9 @@ class FragmentationGradient:
         before = self._fragmentation(self._key(node, cpu_free, view.before))
         gpu_size = view.largest or 1
         best: tuple[tuple[float, ...], tuple[int, ...]] | None = None
-        for gpus, taken, pools in view.options:
-            growth = self._fragmentation(self._key(node, cpu_free - request.cpu_milli, pools)) - before
-            growth += self.displacement(node, request, taken)
+        costs = self.displacements(node, request, [taken for _, taken, _ in view.options])
+        for (gpus, _, pools), cost in zip(view.options, costs, strict=True):
+            growth = self._fragmentation(self._key(node, cpu_free - request.cpu_milli, pools)) - before + cost
             rank = self.rank(growth, gpu_size)
             if best is None or rank > best[0]:
                 best = (rank, gpus)
@@ -289,10 +289,11 @@ class FragmentationGradient:
         if {g.index for g in tightest} != {g.index for g in by_index}:
             yield tightest
 
-    def displacement(self, node: Node, request: PodRequest, taken: dict[int, int]) -> int:
-        """A cost added to the growth of F for placing ``request`` on ``node`` with ``taken`` (GPU index ->
-        units), in the same unit (memory units times ``PRECISION``). FGD itself counts fragmentation only."""
-        return 0
+    def displacements(self, node: Node, request: PodRequest, takens: Sequence[dict[int, int]]) -> list[int]:
+        """Per GPU choice of the node (``taken``: GPU index -> units), a cost added to the growth of F for placing
+        ``request`` on ``node`` that way, in the same unit (memory units times ``PRECISION``). FGD itself counts
+        fragmentation only."""
+        return [0] * len(takens)
 
     def rank(self, growth: int, gpu_size: int) -> tuple[float, ...]:
         """How good a placement that grows F by ``growth`` (memory units times ``PRECISION``) is, on a node

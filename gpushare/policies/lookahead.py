@@ -42,11 +42,11 @@ from gpushare.policies.fgd import (
 )
 from gpushare.policies.workload import Target, WorkloadDistribution
 
-# GPU-side facts for one set of pools: its idle memory; the weight of the target's shapes whose GPU demand (GPU
-# count, share, exclusive, model rule) not one copy of fits, for which all of it is fragment; and per demand that
-# fits, its number, the GPU memory it could use, how many copies of it the GPUs could take, and the memory one
-# copy takes. Model rules leave most demands without a copy on a node: only the others are summed per call.
-_GPUSide = tuple[int, int, tuple[tuple[int, int, int, int], ...]]
+# GPU-side facts for one set of pools: its idle memory; the part of F that does not depend on the free CPU; and per
+# GPU demand (GPU count, share, exclusive, model rule) of which a copy fits, its shapes as ``_plan`` has them, the GPU
+# memory it could use, how many copies of it the GPUs could take, and the memory one copy takes. Model rules leave
+# most demands without a copy on a node: only the others are summed per call.
+_GPUSide = tuple[int, int, tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int, int, int], ...]]
 _GPU_MEMO_LIMIT = 100_000
 # Growth is compared in steps of this fraction of the largest per-GPU share in the target workload.
 STEP_FRACTION = 10
@@ -62,9 +62,10 @@ class CapacityMeasure(FragmentationMeasure):
         self.step = largest * PRECISION // STEP_FRACTION
         # Unlike FGD's, this F depends on the exact free CPU (how many copies it feeds). It is summed per demand,
         # its shapes ordered by CPU: those the node has the CPU for at every copy its GPUs could take use all the
-        # memory they can, those it has no CPU for use none, and only those in between are worked out one by one.
-        # Two bisections per demand, where a loop over every shape took four times as long for the same F (on
-        # openb's traces, seed 42: 42 against 10 us a call on gpuspec20's 366 shapes, 19 against 5.5 on default's).
+        # memory they can, those it has no CPU for use none, and only those in between are worked out one by one;
+        # what does not depend on the CPU is summed once per set of pools (``_gpu_side``). A loop over every shape
+        # of the target per call made a policy's fresh evaluation of a node twice as slow for the same F (openb's
+        # gpuspec20, 366 shapes, 60% full, memos empty: 115 against 51 us).
         self._cpu_only_weights = Weights.of(self.cpu_only)
         # Per demand: the weight of its shapes that need no CPU; the CPU of the others, ascending, with the running
         # sum of their weights and each one's weight.
@@ -82,32 +83,34 @@ class CapacityMeasure(FragmentationMeasure):
 
     def amount(self, state: StateKey) -> int:
         cpu_free, pools = state
-        idle, unhosted, hosted = self._gpu_side(pools)
+        idle, fixed, hosted = self._gpu_side(pools)
         if idle == 0:
             return 0
         # Shapes that need no GPU: all the idle memory is fragment for those the node has not the CPU for.
         keys, below = self._cpu_only_weights.keys, self._cpu_only_weights.below
-        total = idle * (unhosted + below[-1] - below[bisect_right(keys, cpu_free)])
-        plan = self._plan
-        for demand, usable, copies, per_copy in hosted:
-            no_cpu_weight, keys, below, weights = plan[demand]
-            fed = bisect_right(keys, cpu_free // copies)  # CPU x copies <= cpu_free: every copy is fed
-            starved = bisect_right(keys, cpu_free, fed)  # CPU > cpu_free: not even one
-            total += (idle - usable) * (no_cpu_weight + below[fed]) + idle * (below[-1] - below[fed])
-            # In between, a shape feeds cpu_free // CPU copies of per_copy each: fewer than ``copies``, which never
-            # use more than is usable (``_gpu_side``), so these use no more either. On a cluster with room this is
-            # most shapes (a few cores feed every copy of a small share), summed in one C-level pass.
-            total -= per_copy * sum(map(mul, weights[fed:starved], map(floordiv, repeat(cpu_free), keys[fed:starved])))
+        total = fixed + idle * (below[-1] - below[bisect_right(keys, cpu_free)])
+        for keys, below, weights, usable, copies, per_copy in hosted:
+            # The shapes with the CPU for every copy use all that is usable (their part of ``fixed`` is all idle).
+            fed = bisect_right(keys, cpu_free // copies)
+            total -= usable * below[fed]
+            # Those after, up to the CPU the node has, feed cpu_free // CPU copies of per_copy each: fewer than
+            # ``copies``, which never use more than is usable, so these use no more either. On a cluster with room
+            # this is most shapes (a few cores feed every copy of a small share), summed in one C-level pass.
+            starved = bisect_right(keys, cpu_free, fed)
+            if starved > fed:
+                total -= per_copy * sum(map(mul, weights[fed:starved], map(floordiv, repeat(cpu_free),
+                                                                           keys[fed:starved])))
         return total
 
     def _gpu_side(self, pools: tuple[Pool, ...]) -> _GPUSide:
         found = self._gpu_memo.get(pools)
         if found is not None:
             return found
-        unhosted = 0
-        hosted: list[tuple[int, int, int, int]] = []
+        idle = sum(sum(frees) for _, frees, _ in pools)
+        fixed = 0
+        hosted = []
         accepted = [(self.accepts(model), frees, wholes) for model, frees, wholes in pools]
-        for i, ((count, per_gpu, exclusive, _), (no_cpu_weight, _, below, _)) in enumerate(
+        for i, ((count, per_gpu, exclusive, _), (no_cpu_weight, keys, below, weights)) in enumerate(
                 zip(self.demands, self._plan, strict=True)):
             usable = copies = hosts = 0
             for accepts, frees, wholes in accepted:
@@ -124,16 +127,18 @@ class CapacityMeasure(FragmentationMeasure):
                     copies += sum(free // per_gpu for free in room)
             if count != 1 or per_gpu <= 0 or exclusive:
                 copies = hosts // count if count else 0
+            # Every shape of a demand counts all the idle memory as fragment, less what it uses: nothing where not
+            # one copy fits, all that is usable for the shapes that need no CPU, and so on (``amount``).
+            fixed += idle * (no_cpu_weight + below[-1])
             if copies <= 0:
-                unhosted += no_cpu_weight + below[-1]
                 continue
+            fixed -= usable * no_cpu_weight
             # Never more than usable / copies: each copy takes its share of the GPUs counted in ``usable``.
             per_copy = per_gpu * count if per_gpu > 0 and not exclusive else (usable // hosts * count if hosts else 0)
-            hosted.append((i, usable, copies, per_copy))
+            hosted.append((keys, below, weights, usable, copies, per_copy))
         if len(self._gpu_memo) >= _GPU_MEMO_LIMIT:
             self._gpu_memo.clear()
-        idle = sum(sum(frees) for _, frees, _ in pools)
-        result = self._gpu_memo[pools] = (idle, unhosted, tuple(hosted))
+        result = self._gpu_memo[pools] = (idle, fixed, tuple(hosted))
         return result
 
 

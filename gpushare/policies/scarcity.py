@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpushare.contract import PodRequest
@@ -331,21 +331,26 @@ class ScarcityLookahead(FragmentationLookahead):
                 prices.append((reserve, price))
         return charge, tuple(prices), self._cores_per_unit
 
-    def displacement(self, node: Node, request: PodRequest, taken: dict[int, int]) -> int:
+    def displacements(self, node: Node, request: PodRequest, takens: Sequence[dict[int, int]]) -> list[int]:
         self._refresh()
         charge, reserves, per_unit = self._prices
-        cost = 0.0
-        for gpu in node.gpus:
-            units = taken.get(gpu.index)
-            if units:
-                cost += units * charge.get(gpu.model, 0.0)
-        for reserve, price in reserves:
-            if node.name not in reserve.hosts:
-                continue
-            lost = copies(node, reserve.shape) - copies(node, reserve.shape, request.cpu_milli, taken)
-            cost += reserve.units * sum(price[:lost])
-        if node.cpu_milli:
-            idle, cpu_free = sum(g.free for g in node.gpus), node.cpu_milli - node.cpu_used
-            after = stranded(idle - sum(taken.values()), cpu_free - request.cpu_milli, per_unit)
-            cost += BALANCE_WEIGHT * max(0.0, after - stranded(idle, cpu_free, per_unit))
-        return round(cost * PRECISION)
+        # What the node has before the pod, read once for all its GPU choices.
+        hosting = [(reserve, price, copies(node, reserve.shape)) for reserve, price in reserves
+                   if node.name in reserve.hosts]
+        idle, cpu_free = sum(g.free for g in node.gpus), node.cpu_milli - node.cpu_used
+        stranded_now = stranded(idle, cpu_free, per_unit)
+        costs = []
+        for taken in takens:
+            cost = 0.0
+            for gpu in node.gpus:
+                units = taken.get(gpu.index)
+                if units:
+                    cost += units * charge.get(gpu.model, 0.0)
+            for reserve, price, now in hosting:
+                lost = now - copies(node, reserve.shape, request.cpu_milli, taken)
+                cost += reserve.units * sum(price[:lost])
+            if node.cpu_milli:
+                after = stranded(idle - sum(taken.values()), cpu_free - request.cpu_milli, per_unit)
+                cost += BALANCE_WEIGHT * max(0.0, after - stranded_now)
+            costs.append(round(cost * PRECISION))
+        return costs
