@@ -23,6 +23,7 @@ from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import attrgetter
+from typing import cast
 
 from gpushare.contract import ModelRule, PodRequest
 from gpushare.model import GPU, Node
@@ -39,6 +40,8 @@ MEMO_LIMIT = 200_000
 # The memo of GPU choices per (GPU state, request) likewise: about 1.7 KB an entry (36 MiB for the 22,468 of
 # a default-trace replay), so this bounds it near 33 MiB in the extender.
 CHOICES_LIMIT = 20_000
+# A memo's answer for a key it has not seen (its answers may be None).
+_UNSEEN = object()
 # A node with no CPU capacity recorded has no CPU limit.
 UNLIMITED = 1 << 62
 # Probabilities become integer weights (parts per million) so that F is an exact integer: placements that
@@ -253,8 +256,10 @@ class FragmentationGradient:
         a target change."""
         key = (gpu_state(node), request.gpu_count, request.per_gpu, request.exclusive, request.compute_percent,
                request.models, request.sharing, request.affinity_held)
-        if key in self._choices:
-            return self._choices[key]
+        # One lookup, not two: the key, a tuple of tuples, is hashed anew at each.
+        known = self._choices.get(key, _UNSEEN)
+        if known is not _UNSEEN:
+            return cast(GPUChoices | None, known)
         found: GPUChoices | None = None
         hosts = node.hosts(request) if request.gpu_count else []
         if len(hosts) >= request.gpu_count:
