@@ -43,10 +43,11 @@ from gpushare.policies.fgd import (
 from gpushare.policies.workload import Target, WorkloadDistribution
 
 # GPU-side facts for one set of pools: its idle memory; the part of F that does not depend on the free CPU; and per
-# GPU demand (GPU count, share, exclusive, model rule) of which a copy fits, its shapes as ``_plan`` has them, the GPU
-# memory it could use, how many copies of it the GPUs could take, and the memory one copy takes. Model rules leave
-# most demands without a copy on a node: only the others are summed per call.
-_GPUSide = tuple[int, int, tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int, int, int], ...]]
+# GPU demand (GPU count, share, exclusive, model rule) of which a copy fits, four numbers in a row: the demand's
+# number, the GPU memory it could use, how many copies of it the GPUs could take, and the memory one copy takes. Model
+# rules leave most demands without a copy on a node: only the others are summed per call. One flat tuple an entry,
+# not a tuple per demand: the memo holds up to ``_GPU_MEMO_LIMIT`` of them.
+_GPUSide = tuple[int, int, tuple[int, ...]]
 _GPU_MEMO_LIMIT = 100_000
 # Growth is compared in steps of this fraction of the largest per-GPU share in the target workload.
 STEP_FRACTION = 10
@@ -89,7 +90,10 @@ class CapacityMeasure(FragmentationMeasure):
         # Shapes that need no GPU: all the idle memory is fragment for those the node has not the CPU for.
         keys, below = self._cpu_only_weights.keys, self._cpu_only_weights.below
         total = fixed + idle * (below[-1] - below[bisect_right(keys, cpu_free)])
-        for keys, below, weights, usable, copies, per_copy in hosted:
+        plan = self._plan
+        numbers = iter(hosted)
+        for demand, usable, copies, per_copy in zip(numbers, numbers, numbers, numbers, strict=True):
+            _, keys, below, weights = plan[demand]
             # The shapes with the CPU for every copy use all that is usable (their part of ``fixed`` is all idle).
             fed = bisect_right(keys, cpu_free // copies)
             total -= usable * below[fed]
@@ -108,9 +112,9 @@ class CapacityMeasure(FragmentationMeasure):
             return found
         idle = sum(sum(frees) for _, frees, _ in pools)
         fixed = 0
-        hosted = []
+        hosted: list[int] = []
         accepted = [(self.accepts(model), frees, wholes) for model, frees, wholes in pools]
-        for i, ((count, per_gpu, exclusive, _), (no_cpu_weight, keys, below, weights)) in enumerate(
+        for i, ((count, per_gpu, exclusive, _), (no_cpu_weight, _, below, _)) in enumerate(
                 zip(self.demands, self._plan, strict=True)):
             usable = copies = hosts = 0
             for accepts, frees, wholes in accepted:
@@ -135,7 +139,7 @@ class CapacityMeasure(FragmentationMeasure):
             fixed -= usable * no_cpu_weight
             # Never more than usable / copies: each copy takes its share of the GPUs counted in ``usable``.
             per_copy = per_gpu * count if per_gpu > 0 and not exclusive else (usable // hosts * count if hosts else 0)
-            hosted.append((keys, below, weights, usable, copies, per_copy))
+            hosted.extend((i, usable, copies, per_copy))
         if len(self._gpu_memo) >= _GPU_MEMO_LIMIT:
             self._gpu_memo.clear()
         result = self._gpu_memo[pools] = (idle, fixed, tuple(hosted))
