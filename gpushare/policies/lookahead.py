@@ -42,7 +42,7 @@ from gpushare.policies.fgd import (
 )
 from gpushare.policies.workload import Target, WorkloadDistribution
 
-# GPU-side facts for one set of pools: its idle memory; the part of F that does not depend on the free CPU; and per
+# GPU-side facts for one set of pools: its idle memory; the memory that the shapes needing no CPU would use; and per
 # GPU demand (GPU count, share, exclusive, model rule) of which a copy fits, four numbers in a row: the demand's
 # number, the GPU memory it could use, how many copies of it the GPUs could take, and the memory one copy takes. Model
 # rules leave most demands without a copy on a node: only the others are summed per call. One flat tuple an entry,
@@ -64,7 +64,7 @@ class CapacityMeasure(FragmentationMeasure):
         # Unlike FGD's, this F depends on the exact free CPU (how many copies it feeds). It is summed per demand,
         # its shapes ordered by CPU: those the node has the CPU for at every copy its GPUs could take use all the
         # memory they can, those it has no CPU for use none, and only those in between are worked out one by one;
-        # what does not depend on the CPU is summed once per set of pools (``_gpu_side``). A loop over every shape
+        # what the shapes needing no CPU use is summed once per set of pools (``_gpu_side``). A loop over every shape
         # of the target per call made a policy's fresh evaluation of a node twice as slow for the same F (openb's
         # gpuspec20, 366 shapes, 60% full, memos empty: 115 against 51 us).
         self._cpu_only_weights = Weights.of(self.cpu_only)
@@ -84,17 +84,19 @@ class CapacityMeasure(FragmentationMeasure):
 
     def amount(self, state: StateKey) -> int:
         cpu_free, pools = state
-        idle, fixed, hosted = self._gpu_side(pools)
+        idle, used_without_cpu, hosted = self._gpu_side(pools)
         if idle == 0:
             return 0
-        # Shapes that need no GPU: all the idle memory is fragment for those the node has not the CPU for.
+        # All the idle memory is fragment for every shape, less what each could use: nothing for the shapes that
+        # need no GPU and have the CPU (they are the ones the bisection counts off), all that is usable for those
+        # that need no CPU, and below, per demand some copy of fits, what the shapes needing CPU could use.
         keys, below = self._cpu_only_weights.keys, self._cpu_only_weights.below
-        total = fixed + idle * (below[-1] - below[bisect_right(keys, cpu_free)])
+        total = idle * (self.weight - below[bisect_right(keys, cpu_free)]) - used_without_cpu
         plan = self._plan
         numbers = iter(hosted)
         for demand, usable, copies, per_copy in zip(numbers, numbers, numbers, numbers, strict=True):
             _, keys, below, weights = plan[demand]
-            # The shapes with the CPU for every copy use all that is usable (their part of ``fixed`` is all idle).
+            # The shapes with the CPU for every copy use all that is usable.
             fed = bisect_right(keys, cpu_free // copies)
             total -= usable * below[fed]
             # Those after, up to the CPU the node has, feed cpu_free // CPU copies of per_copy each: fewer than
@@ -110,11 +112,10 @@ class CapacityMeasure(FragmentationMeasure):
         found = self._gpu_memo.get(pools)
         if found is not None:
             return found
-        idle = sum(sum(frees) for _, frees, _ in pools)
-        fixed = 0
+        used_without_cpu = 0
         hosted: list[int] = []
         accepted = [(self.accepts(model), frees, wholes) for model, frees, wholes in pools]
-        for i, ((count, per_gpu, exclusive, _), (no_cpu_weight, _, below, _)) in enumerate(
+        for i, ((count, per_gpu, exclusive, _), (no_cpu_weight, _, _, _)) in enumerate(
                 zip(self.demands, self._plan, strict=True)):
             usable = copies = hosts = 0
             for accepts, frees, wholes in accepted:
@@ -131,18 +132,16 @@ class CapacityMeasure(FragmentationMeasure):
                     copies += sum(free // per_gpu for free in room)
             if count != 1 or per_gpu <= 0 or exclusive:
                 copies = hosts // count if count else 0
-            # Every shape of a demand counts all the idle memory as fragment, less what it uses: nothing where not
-            # one copy fits, all that is usable for the shapes that need no CPU, and so on (``amount``).
-            fixed += idle * (no_cpu_weight + below[-1])
-            if copies <= 0:
+            if copies <= 0:  # not one copy fits: its shapes use nothing
                 continue
-            fixed -= usable * no_cpu_weight
+            used_without_cpu += usable * no_cpu_weight
             # Never more than usable / copies: each copy takes its share of the GPUs counted in ``usable``.
             per_copy = per_gpu * count if per_gpu > 0 and not exclusive else (usable // hosts * count if hosts else 0)
             hosted.extend((i, usable, copies, per_copy))
         if len(self._gpu_memo) >= _GPU_MEMO_LIMIT:
             self._gpu_memo.clear()
-        result = self._gpu_memo[pools] = (idle, fixed, tuple(hosted))
+        idle = sum(sum(frees) for _, frees, _ in pools)
+        result = self._gpu_memo[pools] = (idle, used_without_cpu, tuple(hosted))
         return result
 
 
