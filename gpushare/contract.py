@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
@@ -694,7 +695,8 @@ class GPUInventoryEntry:
         numa = data.get("numa")
         used = data.get("usedMiB")
         assert isinstance(links, dict)
-        return cls(index=int(str(data["index"])), model=str(data.get("model", "unknown")),
+        # Every GPU of a node (and of a fleet) names one of a few models: one copy of each name, not one per GPU.
+        return cls(index=int(str(data["index"])), model=sys.intern(str(data.get("model", "unknown"))),
                    memory_mib=int(str(data["memoryMiB"])), uuid=str(data.get("uuid", "")),
                    healthy=bool(data.get("healthy", True)), numa=None if numa is None else int(str(numa)),
                    links={int(k): int(v) for k, v in links.items()},

@@ -108,3 +108,25 @@ def test_watch_follows_pods_and_node_inventory(cluster: LocalCluster) -> None:
                  "the device plugin's new inventory")
     finally:
         watch.stop()
+
+
+def test_pending_pods_of_one_workload_share_their_strings_and_containers(cluster: LocalCluster) -> None:
+    """Each decoded pod brings its own copy of every string; at 60,000 pending pods those copies of what the
+    replicas of a workload have in common (namespace, phase, containers and their quantities) took 60 MB, and as
+    much stayed in half-empty allocator pools once the pods were bound."""
+    core = client.CoreV1Api(cluster.api_client())
+    create_pod(core, pod_body("listed", 3))
+    cache = ClusterCache()
+    watch = ClusterWatch(core.list_node, core.list_pod_for_all_namespaces, cache)
+    watch.start()
+    try:
+        assert watch.wait_synced(10)
+        create_pod(core, pod_body("watched", 3))
+        wait_for(lambda: watch.pending.get("default", "watched") is not None, "the new pod")
+        listed, watched = watch.pending.get("default", "listed"), watch.pending.get("default", "watched")
+        assert listed is not None and watched is not None
+        assert listed.containers[0] is watched.containers[0]
+        assert listed.namespace is watched.namespace and listed.phase is watched.phase
+        assert (listed.name, watched.name) == ("listed", "watched")
+    finally:
+        watch.stop()
