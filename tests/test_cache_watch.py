@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +21,7 @@ from gpushare.contract import (
     new_assignment,
     parse_request,
 )
-from gpushare.kube.convert import pod_info
+from gpushare.kube.convert import MAX_SHARED_CONTAINERS, SHARED_MAX_CHARS, pod_info
 from gpushare.kube.watch import ClusterWatch
 from gpushare.localcluster import LocalCluster
 
@@ -130,3 +131,17 @@ def test_pending_pods_of_one_workload_share_their_strings_and_containers(cluster
         assert (listed.name, watched.name) == ("listed", "watched")
     finally:
         watch.stop()
+
+
+def test_sharing_stays_bounded_and_leaves_long_or_many_values_intact() -> None:
+    """Hostile or merely large clusters: more distinct containers than are shared at once, and an annotation far
+    longer than any shared string, convert exactly; replicas still share their container once sharing started
+    over."""
+    long_value = "x" * (100 * SHARED_MAX_CHARS)
+    for i in range(MAX_SHARED_CONTAINERS + 2):
+        body = pod_body(f"p{i}", 1 + i % 7)
+        body["spec"]["containers"][0]["name"] = f"c{i}"
+        body["metadata"]["annotations"] = {"note": long_value}
+        first, second = pod_info(body), pod_info(copy.deepcopy(body))
+        assert first.containers[0] is second.containers[0]
+        assert first.containers[0].name == f"c{i}" and first.annotations["note"] == long_value

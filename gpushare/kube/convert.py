@@ -49,14 +49,14 @@ def _strs(mapping: Any) -> Mapping[str, str]:
 def _container(c: Any) -> ContainerInfo:
     """The container as its pod's workload has it: the replicas of a workload share one (read-only) object."""
     resources = _get(c, "resources")
-    container = ContainerInfo(name=_shared(_get(c, "name")), limits=_strs(_get(resources, "limits")),
-                              requests=_strs(_get(resources, "requests")))
-    key = (container.name, tuple(container.limits.items()), tuple(container.requests.items()))
+    name = _shared(_get(c, "name"))
+    limits, requests = _strs(_get(resources, "limits")), _strs(_get(resources, "requests"))
+    key = (name, tuple(limits.items()), tuple(requests.items()))
     shared = _CONTAINERS.get(key)
     if shared is None:
         if len(_CONTAINERS) >= MAX_SHARED_CONTAINERS:
             _CONTAINERS.clear()  # a cluster of many workloads: sharing starts over, nothing is lost but memory
-        shared = _CONTAINERS[key] = container
+        shared = _CONTAINERS[key] = ContainerInfo(name=name, limits=limits, requests=requests)
     return shared
 
 
