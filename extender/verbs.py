@@ -13,7 +13,7 @@ from extender.gang import Gangs
 from extender.placement import PolicyBook, RequestCache
 from extender.wire import ExtenderArgs, check_node_names, filter_result
 from gpushare.cache.fitindex import FilterOutcome, shape_key
-from gpushare.cache.state import ClusterCache
+from gpushare.cache.state import Carry, ClusterCache
 from gpushare.contract import PodRequest
 from gpushare.model import Node
 from gpushare.policies import Policy, best_states, extender_scores
@@ -23,6 +23,7 @@ from gpushare.policies.base import (
     follows_cluster,
     follows_inventory,
     policy_version,
+    reprices,
 )
 
 
@@ -95,8 +96,8 @@ class Verbs:
             scoring = self._scoring(policy, request, max_reads, all_fit=True)
             if scoring is None:
                 return None
-            key, score = scoring
-            evaluated = self.cache.evaluate_states(passed, key, score, max_reads, outcome.passed_states)
+            key, score, carry = scoring
+            evaluated = self.cache.evaluate_states(passed, key, score, max_reads, outcome.passed_states, carry)
             if evaluated is None:
                 return None
             states, scores = evaluated
@@ -163,8 +164,8 @@ class Verbs:
         scoring = self._scoring(policy, wanted, max_reads)
         if scoring is None:
             return None
-        key, score = scoring
-        scores = self.cache.evaluate_memoised(names, key, score, max_reads)
+        key, score, carry = scoring
+        scores = self.cache.evaluate_memoised(names, key, score, max_reads, carry=carry)
         if scores is None:
             return None
         named = dict(zip(names, scores, strict=True))
@@ -179,11 +180,12 @@ class Verbs:
         return ranked
 
     def _scoring(self, policy: Policy, wanted: PodRequest, max_reads: int | None, all_fit: bool = False
-                 ) -> tuple[Hashable, Callable[[Node], float | None]] | None:
-        """The key under which the cache remembers the nodes' raw scores with ``policy`` (the pod's), and the
-        score of one node (``None`` where the pod does not fit), once the policy has seen what changed in the
-        cluster; with ``max_reads``, ``None`` instead when more nodes than that changed and must be copied for the
-        policy to follow. ``all_fit``: the pod fits every node to be scored (a filter just said so)."""
+                 ) -> tuple[Hashable, Callable[[Node], float | None], Carry | None] | None:
+        """The key under which the cache remembers the nodes' raw scores with ``policy`` (the pod's), the score of
+        one node (``None`` where the pod does not fit), and how scores carry over from the policy's earlier
+        versions (for a policy that reprices), once the policy has seen what changed in the cluster; with
+        ``max_reads``, ``None`` instead when more nodes than that changed and must be copied for the policy to
+        follow. ``all_fit``: the pod fits every node to be scored (a filter just said so)."""
         if follows_inventory(policy):
             policy.observe_inventory(self.cache.gpu_capacity())
         policy_name = policy.name  # the guard below narrows ``policy`` to the protocol, which has no name
@@ -202,4 +204,6 @@ class Verbs:
             return None if candidate is None or not math.isfinite(candidate.score) else candidate.score
 
         # A node's score changes only with its state, the pod's shape and what the policy has learned.
-        return (policy.name, shape_key(wanted), policy_version(policy)), score
+        family, version = (policy.name, shape_key(wanted)), policy_version(policy)
+        carry = Carry(family, version, policy.unchanged_since) if reprices(policy) else None
+        return (family, version), score, carry

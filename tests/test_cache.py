@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.inspect import inspect_nodes
-from gpushare.cache.state import MAX_ANSWER_TABLES, MAX_GPU_NUMBERS, ClusterCache, ReservationError
+from gpushare.cache.state import MAX_ANSWER_TABLES, MAX_GPU_NUMBERS, Carry, ClusterCache, ReservationError
 from gpushare.contract import (
     ANN_NODE_INVENTORY,
     RESOURCE_GPU_COUNT,
@@ -651,3 +651,63 @@ def test_the_log_of_changes_leaves_out_events_that_change_no_state() -> None:
     assert names == ["a"], "the pod that left changed the node"
     cache.delete_node("a")
     assert cache.changes(position)[1] == ["a"], "a node that left is named"
+
+
+def test_answers_carry_over_from_the_previous_version_where_the_policy_says_they_still_hold() -> None:
+    """A repricing policy's new version starts a new table; the states whose answers it did not touch take their
+    answer from the family's previous table instead of being read again, and are not counted as reads."""
+    cache = ClusterCache()
+    cache.replace_nodes([node_info("a1", [16384]), node_info("a2", [8192]),
+                         node_info("b1", [16384], models=["G2"]), node_info("b2", [4096], models=["G2"])])
+    reads: list[str] = []
+
+    def free(node: Node) -> int:
+        reads.append(node.name)
+        return node.gpus[0].free
+
+    def untouched(version: int, node: Node) -> bool:
+        assert version == 1
+        return node.gpus[0].model == "G2"  # version 2 moved only the T4 price
+
+    names = ["a1", "a2", "b1", "b2"]
+    first = Carry("family", 1, untouched)
+    assert cache.evaluate_memoised(names, ("family", 1), free, carry=first) == [16, 8, 16, 4]
+    assert reads == names
+    reads.clear()
+    second = Carry("family", 2, untouched)
+    # One read allowed: the two G2 states carry over, so the two T4 states are all that is left to read.
+    assert cache.evaluate_memoised(names, ("family", 2), free, max_reads=1, carry=second) is None
+    assert cache.evaluate_memoised(names, ("family", 2), free, max_reads=2, carry=second) == [16, 8, 16, 4]
+    assert reads == ["a1", "a2"]
+    # Another family, or no carry, reads everything.
+    reads.clear()
+    assert cache.evaluate_memoised(names, ("other", 2), free, carry=Carry("other", 2, untouched)) == [16, 8, 16, 4]
+    assert cache.evaluate_memoised(names, ("plain", 2), free) == [16, 8, 16, 4]
+    assert reads == names + names
+    # A state that changed since has no answer to carry.
+    request = parse_request(gpu_pod("p", 4))
+    cache.reserve("b1", "default/p", "uid-p", request, lambda node: binpack(node, request))
+    reads.clear()
+    third = Carry("family", 3, lambda version, node: version == 2)
+    assert cache.evaluate_memoised(names, ("family", 3), free, carry=third) == [16, 8, 12, 4]
+    assert reads == ["b1"]
+
+
+def test_answers_do_not_carry_over_from_a_table_no_longer_kept() -> None:
+    cache = ClusterCache()
+    cache.replace_nodes([node_info("n1", [16384])])
+    reads: list[str] = []
+
+    def free(node: Node) -> int:
+        reads.append(node.name)
+        return node.gpus[0].free
+
+    def always(version: int, node: Node) -> bool:
+        return True
+
+    assert cache.evaluate_memoised(["n1"], ("family", 1), free, carry=Carry("family", 1, always)) == [16]
+    for key in range(MAX_ANSWER_TABLES):  # newer keys push the family's first table out
+        assert cache.evaluate_memoised(["n1"], key, free) == [16]
+    reads.clear()
+    assert cache.evaluate_memoised(["n1"], ("family", 2), free, carry=Carry("family", 2, always)) == [16]
+    assert reads == ["n1"]

@@ -4,13 +4,16 @@ balance of cores to GPUs, and where they send pods."""
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpushare.contract import ModelRule, PodRequest
-from gpushare.model import GPU, Node, gpu_capacity
+from gpushare.model import GPU, Node, gpu_capacity, state_signature
 from gpushare.policies import choose_node, make_policy, node_priority
-from gpushare.policies.base import ClusterAware, InventoryAware
+from gpushare.policies.base import Candidate, ClusterAware, InventoryAware
 from gpushare.policies.lookahead import FragmentationLookahead
 from gpushare.policies.scarcity import (
     ScarcityLookahead,
@@ -225,3 +228,104 @@ def test_stranded_memory_is_the_idle_memory_the_free_cores_cannot_feed() -> None
     # CPU-only shapes feed no GPU memory, so they are left out of the rate.
     assert cores_per_unit({Shape(1, 500, 6000): 0.5, Shape(0, 0, 32000): 0.5}) == pytest.approx(12.0)
     assert cores_per_unit({Shape(0, 0, 32000): 1.0}) == 0.0
+
+
+def _reference_demand_beyond(mean: float, hosts: int, depth: int) -> tuple[float, ...]:
+    """The Poisson tail as a plain loop over every term, the arithmetic ``demand_beyond`` must match bit for bit."""
+    below = [0.0]
+    if mean > 0:
+        for k in range(max(hosts, 0)):
+            below.append(below[-1] + math.exp(k * math.log(mean) - mean - math.lgamma(k + 1)))
+    return tuple(1.0 if hosts - i <= 0 else 0.0 if mean <= 0 else max(0.0, 1.0 - below[hosts - i])
+                 for i in range(depth))
+
+
+@settings(max_examples=400, deadline=None)
+@given(mean=st.one_of(st.floats(0.0, 3000.0), st.sampled_from([0.0, 1e-300, 0.5, 40.0, 900.0])),
+       hosts=st.integers(-3, 2500), depth=st.integers(1, 9))
+def test_demand_beyond_has_the_bits_of_the_sum_over_every_term(mean: float, hosts: int, depth: int) -> None:
+    """Reserve prices are rounded to eighths: a last bit of difference could move one and with it a placement."""
+    assert demand_beyond(mean, hosts, depth) == _reference_demand_beyond(mean, hosts, depth)
+
+
+def _priced_cluster() -> tuple[list[Node], WorkloadDistribution]:
+    """Three models, one pressed by pods that accept only it, and two large nodes kept for a rare shape."""
+    nodes = [Node(f"t4-{i}", [GPU(g, "T4", 1000) for g in range(2)], cpu_milli=64000) for i in range(4)]
+    nodes += [big_node("big-0"), big_node("big-1")]
+    nodes += [small_node(f"g2-{i}") for i in range(6)]  # eight GPUs, too few cores for the rare shape
+    workload = WorkloadDistribution(coverage=1.0)
+    workload.seed({Shape(1, 1000, 4000): 4.0, Shape(1, 500, 2000, models=T4_ONLY): 0.5,
+                   Shape(8, 1000, 120000): 0.05, Shape(1, 300, 1000): 2.0}, observations=1000)
+    return nodes, workload
+
+
+def _carried_answers_hold(order: list[tuple[int, int, int]]) -> int:
+    """Place pods as ``order`` says (node, units, millicores) and check, before each, that every node whose answers
+    ``unchanged_since`` carries over from an earlier version answers as it did then; how many were carried."""
+    nodes, workload = _priced_cluster()
+    policy = ScarcityLookahead(workload)
+    policy.observe_inventory(gpu_capacity(nodes))
+    policy.observe_nodes(nodes)
+    requests = [PodRequest(per_gpu=500, gpu_count=1, cpu_milli=2000), PodRequest(per_gpu=1000, gpu_count=2),
+                PodRequest(per_gpu=300, gpu_count=1, cpu_milli=1000, models=T4_ONLY)]
+    # (version, node name, the node's state) -> each request's answer then.
+    answered: dict[tuple[int, str, Hashable], list[Candidate | None]] = {}
+    carried = 0
+    for step, (index, units, cpu) in enumerate(order):
+        version = policy.version
+        for node in nodes:
+            answered[(version, node.name, state_signature(node))] = [policy.evaluate(node, r) for r in requests]
+        by_name = {node.name: node for node in nodes}
+        for (then, name, state), answers in answered.items():
+            node = by_name[name]
+            if then < version and state == state_signature(node) and policy.unchanged_since(then, node):
+                carried += 1
+                assert [policy.evaluate(node, r) for r in requests] == answers, (then, version, name)
+        node = nodes[index]
+        free = [g.index for g in node.gpus if g.free >= units]
+        if free and node.cpu_milli - node.cpu_used >= cpu:
+            node.place(f"pod-{step}", PodRequest(per_gpu=units, gpu_count=1, cpu_milli=cpu), free[:1])
+            policy.observe_nodes([node])
+    return carried
+
+
+@settings(max_examples=30, deadline=None)
+@given(order=st.lists(st.tuples(st.integers(0, 11), st.sampled_from([100, 300, 500, 1000]),
+                                st.integers(0, 16000)), min_size=5, max_size=40))
+def test_a_node_the_prices_since_a_version_did_not_touch_is_answered_as_it_was_then(
+        order: list[tuple[int, int, int]]) -> None:
+    """What ``unchanged_since`` lets the extender carry over from an earlier version must be what the policy
+    answers now: for every node and request, whenever it says so, the answer is the one given at that version."""
+    _carried_answers_hold(order)
+
+
+def test_answers_are_carried_over_while_the_nodes_fill_and_prices_move() -> None:
+    """The same check on a fixed order that fills the T4 nodes, moving their charge, and takes from the large
+    nodes, moving the price of their reserve: the other nodes carry over."""
+    order = [(i % 4, 1000, 4000) for i in range(8)] + [(6 + i % 6, 500, 2000) for i in range(12)]
+    order += [(4 + i % 2, 1000, 30000) for i in range(4)] + [(6 + i % 6, 1000, 8000) for i in range(30)]
+    assert _carried_answers_hold(order) > 0
+
+
+def test_a_price_that_moves_leaves_the_nodes_of_other_models_and_outside_the_reserves_unchanged() -> None:
+    nodes, workload = _priced_cluster()
+    policy = ScarcityLookahead(workload)
+    policy.observe_inventory(gpu_capacity(nodes))
+    policy.observe_nodes(nodes)
+    t4, big, g2 = nodes[0], nodes[4], nodes[6]
+    before = policy.version
+    # Flexible pods fill the T4 GPUs until the T4-only demand to come outweighs what T4 has free: its charge
+    # appears, a price-only change.
+    for i in range(8):
+        node = nodes[i % 4]
+        node.place(f"flexible-{i}", PodRequest(per_gpu=1000, gpu_count=1, cpu_milli=4000), [i // 4])
+        policy.observe_nodes([node])
+    assert policy.version != before
+    assert not policy.unchanged_since(before, t4), "the T4 charge moved"
+    assert policy.unchanged_since(before, g2) and policy.unchanged_since(before, big), "no G2 or G3 price moved"
+    # Learning a new workload moves every node's answers.
+    learned = policy.version
+    for _ in range(2000):
+        workload.observe(Shape(2, 700, 9000))
+    assert policy.version != learned
+    assert not policy.unchanged_since(learned, g2)

@@ -47,16 +47,20 @@ log = logging.getLogger(__name__)
 MAX_REMEMBERED_REASONS = 64
 
 # Distinct keys (policy, request shape, learned-workload version) with a table of answers per node state, and distinct
-# request shapes with a table of the node states they fit; of each, the least recently used goes first. Pods vary in
-# CPU and memory too: the openb trace has 126 shapes, its 32 most frequent cover 89% of its pods.
-MAX_ANSWER_TABLES = 128
+# request shapes with a table of the node states they fit; of each, the least recently used go first, an eighth of
+# the bound at a time. Pods vary in CPU and memory too: the openb trace has 126 shapes, gpuspec20 366 (275 once
+# memory is dropped for scoring), and every price a repricing policy moves to starts new keys. With 128 tables,
+# gpuspec20's filters started a fit table afresh (every state in the window judged again) for one pod in ten; with
+# 1,024, one in thirty. ``MAX_MEMO_ENTRIES`` bounds their memory.
+MAX_ANSWER_TABLES = 1024
 # Answers one key's table holds, one per distinct node state asked about (1 MB or so when full). A full table drops
 # the answers for states no node is in any more (a node that returns to one is asked again), and is cleared whole
 # when live states still fill more than half of it.
 MAX_STATE_ANSWERS = 16_384
 # Answers all the tables of one kind (fit, answers) hold together, about 50 bytes each: when pods vary in CPU and
 # memory nearly every node is in a state of its own, and 128 full tables of each kind would take 190 MiB. Past this
-# the least recently used tables go first, checked every ``MEMO_CHECK_EVERY`` answers remembered.
+# the least recently used tables go first (down to seven eighths), checked every ``MEMO_CHECK_EVERY`` answers
+# remembered.
 MAX_MEMO_ENTRIES = 400_000
 MEMO_CHECK_EVERY = 4_096
 # Distinct node states numbered (state_signature -> id); forgotten whole when full. Ids are never reused, so a
@@ -70,6 +74,17 @@ MAX_CHANGES = 100_000
 
 T = TypeVar("T")
 _UNKNOWN = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Carry:
+    """How the answers of one key may carry over from the key of an earlier ``version`` of the same ``family``
+    (for a score: the policy and the request's shape, the version being what the policy has learned and priced)."""
+
+    family: Hashable
+    version: int
+    unchanged_since: Callable[[int, Node], bool]
+    """Whether an answer for the node's state at the given earlier version still holds."""
 
 
 class ReservationError(Exception):
@@ -132,6 +147,10 @@ class ClusterCache:
         self._ranked: dict[int, list[str]] = {}
         # key -> node state id -> answer.
         self._answer_tables: dict[Hashable, dict[int, Any]] = {}
+        # Answers that may carry over between versions (``Carry``): per family, the version and key asked for last;
+        # per key, the version and key of its family asked for before it.
+        self._newest: dict[Hashable, tuple[int, Hashable]] = {}
+        self._prior: dict[Hashable, tuple[int, Hashable]] = {}
         # When each fit table's shape and each answer table's key was last asked for: the least recently used goes
         # first when there are too many, so a workload of more shapes than the bound keeps its frequent ones.
         self._used: dict[Hashable, int] = {}
@@ -362,19 +381,19 @@ class ClusterCache:
         return out
 
     def evaluate_memoised(self, names: Sequence[str], key: Hashable, read: Callable[[Node], T],
-                          max_reads: int | None = None, states: list[int | None] | None = None
-                          ) -> list[T | None] | None:
+                          max_reads: int | None = None, states: list[int | None] | None = None,
+                          carry: Carry | None = None) -> list[T | None] | None:
         """``read`` of each of ``names`` (``None`` for unknown nodes), in their order: ``evaluate_states`` spelt out
         per name (prioritize answers for every name)."""
-        evaluated = self.evaluate_states(names, key, read, max_reads, states)
+        evaluated = self.evaluate_states(names, key, read, max_reads, states, carry)
         if evaluated is None:
             return None
         states, answers = evaluated
         return list(map(answers.__getitem__, states))
 
     def evaluate_states(self, names: Sequence[str], key: Hashable, read: Callable[[Node], T],
-                        max_reads: int | None = None, states: list[int | None] | None = None
-                        ) -> tuple[list[int | None], dict[int | None, T | None]] | None:
+                        max_reads: int | None = None, states: list[int | None] | None = None,
+                        carry: Carry | None = None) -> tuple[list[int | None], dict[int | None, T | None]] | None:
         """The state id of each of ``names`` (``None`` for unknown nodes) and ``read``'s answer for each of those
         states, remembered under ``key`` for the state (``state_signature``): every node in that state shares it,
         and a node that changes gets its answer for its new state.
@@ -387,7 +406,9 @@ class ClusterCache:
         With ``max_reads``, ``None`` instead when more states than that have no answer yet (nothing is read):
         the caller can answer on its event loop when the work is lookups, and elsewhere when it is not.
         ``states``: the nodes' state ids as a filter just read them (``FilterOutcome.passed_states``), so that
-        the names are not looked up again.
+        the names are not looked up again. With ``carry``, a state without an answer under ``key`` takes the one
+        it had under the family's key asked for before, where ``carry.unchanged_since`` says it still holds: not
+        a read, so not counted against ``max_reads``.
         """
         table = self._answer_table(key)
         if states is None:
@@ -401,13 +422,62 @@ class ClusterCache:
                 if known is _UNKNOWN:
                     missing.append(state)
         if missing:
-            if max_reads is not None and len(missing) > max_reads:
-                return None
             # One node per state is read, under its lock: the first of the names in that state.
             first = dict(zip(reversed(states), reversed(names), strict=True))
+            prior = None if carry is None else self._prior_table(key, carry)
+            if prior is not None and carry is not None:
+                still = []
+                for state in missing:
+                    known = answers[state] = self._carried(first[state], table, prior, carry.unchanged_since)
+                    if known is _UNKNOWN:
+                        still.append(state)
+                missing = still
+            if max_reads is not None and len(missing) > max_reads:
+                return None
             for state in missing:
                 answers[state] = self._answer(first[state], table, read)
         return states, answers
+
+    def _prior_table(self, key: Hashable, carry: Carry) -> tuple[int, dict[int, Any]] | None:
+        """The version and answer table of ``carry.family``'s key asked for before ``key``, if it is still kept."""
+        newest = self._newest.get(carry.family)
+        if newest is None or newest[0] < carry.version:
+            with self._index_lock:
+                newest = self._newest.get(carry.family)
+                if newest is None or newest[0] < carry.version:
+                    if newest is not None:
+                        self._prior[key] = newest
+                    self._newest[carry.family] = (carry.version, key)
+                    if len(self._prior) > 2 * MAX_ANSWER_TABLES or len(self._newest) > 2 * MAX_ANSWER_TABLES:
+                        # Links to tables gone (least recently used) lead nowhere: dropped together.
+                        kept = self._answer_tables
+                        self._prior = {k: link for k, link in self._prior.items() if k in kept and link[1] in kept}
+                        self._newest = {f: link for f, link in self._newest.items() if link[1] in kept}
+        link = self._prior.get(key)
+        if link is None:
+            return None
+        version, prior_key = link
+        table = self._answer_tables.get(prior_key)
+        return None if table is None else (version, table)
+
+    def _carried(self, name: str, table: dict[int, Any], prior: tuple[int, dict[int, Any]],
+                 unchanged_since: Callable[[int, Node], bool]) -> Any:
+        """The node's answer for its current state from ``table``, else carried over from the ``prior`` version's
+        table where it still holds (and remembered in ``table``); ``_UNKNOWN`` where it must be read."""
+        version, earlier = prior
+        entry = self._entries.get(name)
+        if entry is None:
+            return _UNKNOWN
+        with entry.lock:
+            if entry.info is None:
+                return _UNKNOWN
+            known = table.get(entry.state_id, _UNKNOWN)
+            if known is _UNKNOWN:
+                known = earlier.get(entry.state_id, _UNKNOWN)
+                if known is _UNKNOWN or not unchanged_since(version, entry.state):
+                    return _UNKNOWN
+                self._remember(table, entry.state_id, known)
+        return known
 
     def favourite(self, names: Sequence[str], states: list[int | None], best: Collection[int | None]) -> str:
         """Of ``names``, in the ``states`` a filter read for them, the node in one of the ``best`` states that
@@ -849,14 +919,18 @@ class ClusterCache:
 
 
 def _evict_least_used(entries: dict[Any, Any], used: dict[Hashable, int], bound: int,
-                      size: Callable[[Any], int] = lambda _: 1) -> None:
-    """Drop the least recently used entries until their ``size`` (each counts one unless given) adds up to at most
-    ``bound``, keeping the most recently used one whatever its size (call with the index lock held)."""
-    total = sum(map(size, entries.values()))
+                      size: Callable[[Any], int] | None = None) -> None:
+    """Past ``bound``, drop the least recently used entries until their ``size`` (each counts one unless given)
+    adds up to at most seven eighths of it, keeping the most recently used one whatever its size (call with the
+    index lock held). Dropping an eighth at once keeps the sort rare: a repricing policy makes new keys by the
+    thousand, and sorting a thousand tables each time cost more than the answers they kept."""
+    total = len(entries) if size is None else sum(map(size, entries.values()))
     if total <= bound:
         return
-    for key in sorted(entries, key=lambda k: used.get(k, -1))[:-1]:
-        total -= size(entries.pop(key))
+    target = bound - bound // 8
+    for key in sorted(entries, key=used.__getitem__)[:-1]:
+        dropped = entries.pop(key)
+        total -= 1 if size is None else size(dropped)
         used.pop(key, None)
-        if total <= bound:
+        if total <= target:
             return

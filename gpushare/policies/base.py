@@ -65,6 +65,17 @@ class ClusterAware(Protocol):
         ...
 
 
+@runtime_checkable
+class Repricing(Protocol):
+    """A policy whose ``version`` (``policy_version``) also changes with prices that only some nodes' answers
+    depend on."""
+
+    def unchanged_since(self, version: int, node: Node) -> bool:
+        """Whether ``evaluate`` answers for ``node`` (in its present state) now as it did while ``version`` was
+        current, so that an answer remembered then still holds."""
+        ...
+
+
 def follows_inventory(policy: Policy) -> TypeGuard[InventoryAware]:
     """Whether the policy is ``InventoryAware``; decided once per class, since a runtime protocol check walks the
     protocol's members on every call and prioritize asks for every pod."""
@@ -74,6 +85,11 @@ def follows_inventory(policy: Policy) -> TypeGuard[InventoryAware]:
 def follows_cluster(policy: Policy) -> TypeGuard[ClusterAware]:
     """Whether the policy is ``ClusterAware``; decided once per class, as ``follows_inventory``."""
     return _implements(type(policy), ClusterAware)
+
+
+def reprices(policy: Policy) -> TypeGuard[Repricing]:
+    """Whether the policy is ``Repricing``; decided once per class, as ``follows_inventory``."""
+    return _implements(type(policy), Repricing)
 
 
 @functools.cache

@@ -54,8 +54,11 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import accumulate, repeat
+from operator import mul, sub
 
 from gpushare.contract import PodRequest
 from gpushare.model import Node
@@ -126,13 +129,47 @@ def copies(node: Node, shape: Shape, cpu_taken: int = 0, taken: Mapping[int, int
 
 def demand_beyond(mean: float, hosts: int, depth: int = 1) -> tuple[float, ...]:
     """P(D >= hosts - i) for i < ``depth`` and D ~ Poisson(mean): the chance that the last of ``hosts``
-    places is needed, then the one before it, and so on."""
-    below = [0.0]  # below[k] = P(D < k)
-    if mean > 0:
-        for k in range(max(hosts, 0)):
-            below.append(below[-1] + math.exp(k * math.log(mean) - mean - math.lgamma(k + 1)))
-    return tuple(1.0 if hosts - i <= 0 else 0.0 if mean <= 0 else max(0.0, 1.0 - below[hosts - i])
+    places is needed, then the one before it, and so on.
+
+    Every bind reprices, and a reserve can have hundreds of places left: the Poisson terms are summed in
+    C-level passes, term by term in the same order and arithmetic as a loop over all of them would, and the
+    sum stops where the rest cannot change it, so the answer has the same bits as that loop's.
+    """
+    below = [0.0]  # below[k] = P(D < k), up to where it stops changing
+    if mean > 0 and hosts > 0:
+        # Twelve standard deviations past the mean a term is below 1e-30, far under the last bit of the sum.
+        count = min(hosts, int(mean + 12 * math.sqrt(mean)) + 40)
+        terms = _poisson_terms(mean, count)
+        below = list(accumulate(terms, initial=0.0))
+        # Past the mean the terms shrink, so once one is under half the sum's last bit, adding each of the rest
+        # leaves the sum as it is; checked, not assumed, since the stop was chosen by an estimate.
+        if count < hosts and not (count - 1 > mean and terms[-1] < math.ulp(below[-1]) / 4):
+            below = list(accumulate(_poisson_terms(mean, hosts), initial=0.0))
+    return tuple(1.0 if hosts - i <= 0 else 0.0 if mean <= 0 else max(0.0, 1.0 - below[min(hosts - i, len(below) - 1)])
                  for i in range(depth))
+
+
+def _poisson_terms(mean: float, count: int) -> list[float]:
+    """P(D = k) for k < ``count``, D ~ Poisson(mean > 0), as exp(k ln(mean) - mean - ln(k!))."""
+    exponents = map(sub, map(sub, map(mul, range(count), repeat(math.log(mean))), repeat(mean)),
+                    _log_factorials(count))
+    return list(map(math.exp, exponents))
+
+
+_log_factorials_known: tuple[float, ...] = ()
+_log_factorials_lock = threading.Lock()
+
+
+def _log_factorials(count: int) -> tuple[float, ...]:
+    """ln(k!) for k < ``count`` at least (``math.lgamma(k + 1)``), each computed once."""
+    global _log_factorials_known
+    known = _log_factorials_known
+    if len(known) < count:
+        with _log_factorials_lock:
+            known = _log_factorials_known
+            if len(known) < count:
+                known = _log_factorials_known = known + tuple(math.lgamma(k + 1) for k in range(len(known), count))
+    return known
 
 
 def cores_per_unit(histogram: Mapping[Shape, float]) -> float:
@@ -175,6 +212,34 @@ class _Reserve:
 # Per model the charge per unit taken; per reserve that may be needed, its price per copy lost (next, then after);
 # the millicores the GPU work to come brings per unit of GPU memory.
 _Prices = tuple[dict[str, float], tuple[tuple[_Reserve, tuple[float, ...]], ...], float]
+# Changes of ``version`` whose reach ``unchanged_since`` remembers; a version further back counts as every node
+# changed. A few hundred changes over 10,000 pods of any shared trace.
+REPRICES_KEPT = 256
+
+
+@dataclass(frozen=True, slots=True)
+class _Repriced:
+    """What a change of ``version`` touched: every node, or the nodes with GPUs of ``models`` and ``hosts``."""
+
+    version: int
+    every_node: bool
+    models: frozenset[str] = frozenset()
+    hosts: frozenset[str] = frozenset()
+
+
+_EVERY_NODE = _Repriced(0, every_node=True)
+
+
+def _touched(old: _Prices, new: _Prices) -> _Repriced:
+    """What moving from the ``old`` prices to the ``new`` ones touched, the reserves being the same."""
+    old_charge, old_reserves, old_per_unit = old
+    new_charge, new_reserves, new_per_unit = new
+    if old_per_unit != new_per_unit:  # every node's balance
+        return _EVERY_NODE
+    models = {m for m in old_charge.keys() | new_charge.keys() if old_charge.get(m) != new_charge.get(m)}
+    before, after = dict(old_reserves), dict(new_reserves)
+    moved = [reserve for reserve in before.keys() | after.keys() if before.get(reserve) != after.get(reserve)]
+    return _Repriced(0, False, frozenset(models), frozenset().union(*(r.hosts for r in moved)))
 
 
 class ScarcityLookahead(FragmentationLookahead):
@@ -211,6 +276,10 @@ class ScarcityLookahead(FragmentationLookahead):
         # What placements pay, derived from the above: per model, and per reserve the price of each copy lost;
         # one attribute, replaced whole, so that an evaluation never reads one half old and the other new.
         self._prices: _Prices = ({}, (), 0.0)
+        # What each of the last ``REPRICES_KEPT`` changes of ``version`` touched (``unchanged_since``), oldest first,
+        # and what the changes since a version touched, worked out once per version asked about.
+        self._repriced: deque[_Repriced] = deque(maxlen=REPRICES_KEPT)
+        self._touched_since: dict[int, _Repriced] = {}
         # The extender observes from one thread while bind may evaluate in another.
         self._lock = threading.Lock()
 
@@ -295,8 +364,40 @@ class ScarcityLookahead(FragmentationLookahead):
         self._dirty = False
         prices = self._charges()
         if learned or prices != self._prices:
+            touched = _EVERY_NODE if learned else _touched(self._prices, prices)
             self._prices = prices
             self._version += 1
+            self._repriced.append(replace(touched, version=self._version))
+            self._touched_since.clear()
+
+    def unchanged_since(self, version: int, node: Node) -> bool:
+        """Whether ``evaluate`` answers for ``node`` now as it did while ``version`` was current.
+
+        Most changes of ``version`` move one price: the charge of one model, or the price of one reserve's copies
+        (113 of the 137 changes over 10,000 pods of openb's gpuspec20). A placement on a node pays only the
+        charges of the node's models and the prices of the reserves it hosts, so the nodes of the other models
+        and outside the reserves keep their answers; learning (the workload, the inventory, the nodes' sizes)
+        changes every node's.
+        """
+        with self._lock:
+            if version == self._version:
+                return True
+            if version > self._version:  # not a version this policy has had
+                return False
+            touched = self._touched_since.get(version)
+            if touched is None:
+                changes = [change for change in self._repriced if change.version > version]
+                if len(changes) < self._version - version:  # older than the changes kept
+                    touched = _EVERY_NODE
+                else:
+                    touched = _Repriced(0, any(c.every_node for c in changes),
+                                        frozenset().union(*(c.models for c in changes)),
+                                        frozenset().union(*(c.hosts for c in changes)))
+                self._touched_since[version] = touched
+        if touched.every_node or node.name in touched.hosts:
+            return False
+        models = touched.models
+        return not any(gpu.model in models for gpu in node.gpus)
 
     def _confined(self, histogram: Mapping[Shape, float]) -> tuple[_Reserve, ...]:
         reserves = []
