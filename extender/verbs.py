@@ -77,9 +77,9 @@ class Verbs:
         # for each pod, and looking each up once more cost as much as the filter itself.
         unknown = self.cache.unknown(chain(outcome.failed, outcome.left_out))
         check_node_names(unknown)
-        # Only shapes that some node could run, at least when empty, teach the workload: more failed nodes than
-        # unknown ones means a real node could.
-        if outcome.passed or len(outcome.failed) > len(unknown):
+        # Only shapes that some node of the cluster could run, at least when empty, teach the workload; kube-scheduler
+        # may have sent none of those nodes (the nodes of a GPU model all full), and the pod is demand all the same.
+        if outcome.passed or len(outcome.failed) > len(unknown) or self.cache.could_run(request):
             self.book.observe_once(args.pod.uid or args.pod.key, request)
         return self._chosen(args, policy, request, outcome, max_reads)
 
