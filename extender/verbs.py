@@ -77,10 +77,10 @@ class Verbs:
         # for each pod, and looking each up once more cost as much as the filter itself.
         unknown = self.cache.unknown(chain(outcome.failed, outcome.left_out))
         check_node_names(unknown)
-        # Only shapes that some node of the cluster could run, at least when empty, teach the workload; kube-scheduler
-        # may have sent none of those nodes (the nodes of a GPU model all full), and the pod is demand all the same.
-        if outcome.passed or len(outcome.failed) > len(unknown) or self.cache.could_run(request):
-            self.book.observe_once(args.pod.uid or args.pod.key, request)
+        # Every pod kube-scheduler asks about is demand, whether or not its window holds a node that could run it:
+        # when every node of a GPU model is full, kube-scheduler sends none of them, and the pods that need that
+        # model are the demand fgd-scarcity prices it by. The trace replay learns the same pods.
+        self.book.observe_once(args.pod.uid or args.pod.key, request)
         return self._chosen(args, policy, request, outcome, max_reads)
 
     def _chosen(self, args: ExtenderArgs, policy: Policy, request: PodRequest, outcome: FilterOutcome,

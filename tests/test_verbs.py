@@ -82,11 +82,12 @@ def test_a_window_of_two_dozen_node_states_is_answered_on_the_event_loop() -> No
     assert len(answer["NodeNames"]) == 1 and answer["NodeNames"][0] in names
 
 
-def test_a_pod_whose_model_has_only_full_nodes_is_still_learned_though_its_window_holds_none_of_them() -> None:
+def test_every_pod_kube_scheduler_asks_about_is_learned_though_its_window_holds_no_node_that_could_run_it() -> None:
     """kube-scheduler sends only the nodes with the CPU, memory and GPU memory free: once every node of a pod's GPU
     model is full, its window holds only nodes of other models, which could never run it. The pod is demand for
-    that model all the same, and fgd-scarcity prices the model from the learned demand, so the pod is learned;
-    a pod of a model no node has is not."""
+    that model all the same, and fgd-scarcity prices the model from the learned demand, so the pod is learned, as
+    the trace replay learns it; so is a pod of a model no node has, which the policies weigh as demand nothing can
+    serve."""
     cache = ClusterCache()
     cache.replace_nodes([node_info("t4-0", [16384, 16384]),
                          *(node_info(f"g2-{i}", [16384, 16384], models=["G2", "G2"]) for i in range(3))])
@@ -98,14 +99,8 @@ def test_a_pod_whose_model_has_only_full_nodes_is_still_learned_though_its_windo
         pod["metadata"] |= {"uid": f"uid-{name}", "resourceVersion": "1"}
         return parse_extender_args(orjson.dumps({"Pod": pod, "NodeNames": others}))
 
-    t4 = constrained("t4-pod", "Tesla-T4")
-    answer = verbs.filter(t4)
-    assert answer["NodeNames"] == [] and sorted(answer["FailedAndUnresolvableNodes"]) == others
-    assert Shape.of(parse_request(t4.pod)) in book.workload.histogram()
-    a100 = constrained("a100-pod", "A100")
-    assert verbs.filter(a100)["NodeNames"] == []
-    assert Shape.of(parse_request(a100.pod)) not in book.workload.histogram()
-    # Once a node of that model joins, its pods are learned too.
-    cache.upsert_node(node_info("a100-0", [16384], models=["A100"]))
-    assert verbs.filter(constrained("a100-pod-2", "A100"))["NodeNames"] == []
-    assert Shape.of(parse_request(a100.pod)) in book.workload.histogram()
+    for name, model in (("t4-pod", "Tesla-T4"), ("a100-pod", "A100")):
+        args = constrained(name, model)
+        answer = verbs.filter(args)
+        assert answer["NodeNames"] == [] and sorted(answer["FailedAndUnresolvableNodes"]) == others
+        assert Shape.of(parse_request(args.pod)) in book.workload.histogram()

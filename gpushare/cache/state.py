@@ -45,8 +45,6 @@ log = logging.getLogger(__name__)
 
 # Distinct request shapes whose failure messages a node remembers until its state changes.
 MAX_REMEMBERED_REASONS = 64
-# Distinct request shapes for which the cache remembers whether some node could run them (``could_run``).
-MAX_REMEMBERED_SHAPES = 4096
 
 # Distinct keys (policy, request shape, learned-workload version) with a table of answers per node state, and distinct
 # request shapes with a table of the node states they fit; of each, the least recently used go first, an eighth of
@@ -160,8 +158,6 @@ class ClusterCache:
         # Answers remembered so far, in tables of either kind: every ``MEMO_CHECK_EVERY`` the kind's total is checked.
         self._remembered = itertools.count(1)
         self._capacity: dict[str, int] | None = None
-        # Per request shape, whether some node could run it if it were empty; forgotten whenever a node changes.
-        self._runnable: dict[Hashable, bool] = {}
         # Pods a preemption nominated to a node and not bound yet, by node: rare, so read outside the fit index.
         self._nominated: dict[str, dict[str, tuple[str, PodRequest]]] = {}
         # Affinity value -> the nodes where some GPU holds a pod with it (reservations included), under the index
@@ -189,28 +185,6 @@ class ClusterCache:
             states = [e.state for e in list(self._entries.values()) if e.info is not None]
             capacity = self._capacity = gpu_capacity(states)
         return capacity
-
-    def could_run(self, request: PodRequest) -> bool:
-        """Whether some node of the cluster could run the request's shape if it were empty (no node would say why
-        not: ``Node.unresolvable_reason``).
-
-        kube-scheduler sends only the nodes with the CPU, memory and GPU memory free: when every node of a pod's
-        GPU model is full, none of them is in its window, yet the pod is demand for that model all the same.
-        """
-        key = shape_key(request)
-        known = self._runnable.get(key)
-        if known is None:
-            sizes: dict[Hashable, Node] = {}
-            for entry in list(self._entries.values()):
-                node = entry.state
-                if entry.info is not None:
-                    sizes.setdefault((node.defect, node.cpu_milli, node.memory_mib,
-                                      tuple((g.model, g.total) for g in node.gpus)), node)
-            known = any(node.unresolvable_reason(request) is None for node in sizes.values())
-            if len(self._runnable) >= MAX_REMEMBERED_SHAPES:
-                self._runnable.clear()
-            self._runnable[key] = known
-        return known
 
     def changes(self, position: int) -> tuple[int, list[str] | None]:
         """The names of the nodes whose state id changed (they came, left, or changed what decisions read) since
@@ -724,7 +698,6 @@ class ClusterCache:
             entry.info = info
             entry.state = state
             self._capacity = None
-            self._runnable = {}
             self._refresh(entry)
 
     def delete_node(self, name: str) -> None:
@@ -736,7 +709,6 @@ class ClusterCache:
             entry.info = None
             entry.state = Node(name=name, gpus=[])
             self._capacity = None
-            self._runnable = {}
             for key, placement in old.placements.items():
                 entry.state.add(key, placement)
             self._refresh(entry)
