@@ -426,9 +426,10 @@ class ClusterCache:
             first = dict(zip(reversed(states), reversed(names), strict=True))
             prior = None if carry is None else self._prior_table(key, carry)
             if prior is not None and carry is not None:
+                carried = self._carried(prior, carry.unchanged_since)
                 still = []
                 for state in missing:
-                    known = answers[state] = self._carried(first[state], table, prior, carry.unchanged_since)
+                    known = answers[state] = self._answer(first[state], table, carried, _UNKNOWN)
                     if known is _UNKNOWN:
                         still.append(state)
                 missing = still
@@ -459,25 +460,6 @@ class ClusterCache:
         version, prior_key = link
         table = self._answer_tables.get(prior_key)
         return None if table is None else (version, table)
-
-    def _carried(self, name: str, table: dict[int, Any], prior: tuple[int, dict[int, Any]],
-                 unchanged_since: Callable[[int, Node], bool]) -> Any:
-        """The node's answer for its current state from ``table``, else carried over from the ``prior`` version's
-        table where it still holds (and remembered in ``table``); ``_UNKNOWN`` where it must be read."""
-        version, earlier = prior
-        entry = self._entries.get(name)
-        if entry is None:
-            return _UNKNOWN
-        with entry.lock:
-            if entry.info is None:
-                return _UNKNOWN
-            known = table.get(entry.state_id, _UNKNOWN)
-            if known is _UNKNOWN:
-                known = earlier.get(entry.state_id, _UNKNOWN)
-                if known is _UNKNOWN or not unchanged_since(version, entry.state):
-                    return _UNKNOWN
-                self._remember(table, entry.state_id, known)
-        return known
 
     def favourite(self, names: Sequence[str], states: list[int | None], best: Collection[int | None]) -> str:
         """Of ``names``, in the ``states`` a filter read for them, the node in one of the ``best`` states that
@@ -510,19 +492,32 @@ class ClusterCache:
             found.extend(compress(names, map(unwalked.__contains__, states)))
         return highest_priority(found, self.tie_seed)
 
-    def _answer(self, name: str, table: dict[int, Any], read: Callable[[Node], Any]) -> Any:
-        """One node's answer for its current state: from ``table``, else ``read`` and remembered there."""
+    def _answer(self, name: str, table: dict[int, Any], read: Callable[[Node], Any], missing: Any = None) -> Any:
+        """One node's answer for its current state: from ``table``, else ``read`` and remembered there (unless
+        ``read`` has none: ``_UNKNOWN``); ``missing`` for a node the cache does not hold."""
         entry = self._entries.get(name)
         if entry is None:
-            return None
+            return missing
         with entry.lock:
             if entry.info is None:
-                return None
+                return missing
             known = table.get(entry.state_id, _UNKNOWN)
             if known is _UNKNOWN:
                 known = read(entry.state)
-                self._remember(table, entry.state_id, known)
+                if known is not _UNKNOWN:
+                    self._remember(table, entry.state_id, known)
         return known
+
+    def _carried(self, prior: tuple[int, dict[int, Any]], unchanged_since: Callable[[int, Node], bool]
+                 ) -> Callable[[Node], Any]:
+        """A ``read`` for ``_answer``: the node's answer in the ``prior`` version's table where it still holds
+        (called under the node's lock, so its state id is the one of ``node``), else ``_UNKNOWN``."""
+        version, earlier = prior
+
+        def read(node: Node) -> Any:
+            known = earlier.get(self._node_states.get(node.name, -1), _UNKNOWN)
+            return known if known is _UNKNOWN or unchanged_since(version, node) else _UNKNOWN
+        return read
 
     def _remember(self, table: dict[int, Any], state: int, answer: Any) -> None:
         """``table[state] = answer``, within ``MAX_STATE_ANSWERS`` and, for the tables of each kind together,
