@@ -52,8 +52,8 @@ def assert_valid(node: Node, request: PodRequest, gpus: tuple[int, ...]) -> None
                                                                                              max_size=6))
 def test_no_request_stream_breaks_a_later_decision(stream: list[Shape], repeat: int, pods: list[PodRequest]) -> None:
     book = PolicyBook("fgd-lookahead")
-    # Straight into the distribution, past the extender's gate (only shapes some node could run count): the
-    # policies must survive even what the gate keeps out.
+    # Straight into the distribution: the extender learns every pod kube-scheduler asks about, whatever its shape,
+    # so the policies must survive any of them.
     for _ in range(repeat):
         for shape in stream:
             book.workload.observe(shape)
