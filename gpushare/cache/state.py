@@ -424,8 +424,7 @@ class ClusterCache:
         if missing:
             # One node per state is read, under its lock: the first of the names in that state.
             first = dict(zip(reversed(states), reversed(names), strict=True))
-            prior = None if carry is None else self._prior_table(key, carry)
-            if prior is not None and carry is not None:
+            if carry is not None and (prior := self._prior_table(key, carry)) is not None:
                 carried = self._carried(prior, carry.unchanged_since)
                 still = []
                 for state in missing:

@@ -56,8 +56,8 @@ import math
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from itertools import accumulate, repeat
+from dataclasses import dataclass
+from itertools import accumulate, islice, repeat
 from operator import mul, sub
 
 from gpushare.contract import PodRequest
@@ -221,13 +221,12 @@ REPRICES_KEPT = 256
 class _Repriced:
     """What a change of ``version`` touched: every node, or the nodes with GPUs of ``models`` and ``hosts``."""
 
-    version: int
     every_node: bool
     models: frozenset[str] = frozenset()
     hosts: frozenset[str] = frozenset()
 
 
-_EVERY_NODE = _Repriced(0, every_node=True)
+_EVERY_NODE = _Repriced(every_node=True)
 
 
 def _touched(old: _Prices, new: _Prices) -> _Repriced:
@@ -239,7 +238,7 @@ def _touched(old: _Prices, new: _Prices) -> _Repriced:
     models = {m for m in old_charge.keys() | new_charge.keys() if old_charge.get(m) != new_charge.get(m)}
     before, after = dict(old_reserves), dict(new_reserves)
     moved = [reserve for reserve in before.keys() | after.keys() if before.get(reserve) != after.get(reserve)]
-    return _Repriced(0, False, frozenset(models), frozenset().union(*(r.hosts for r in moved)))
+    return _Repriced(False, frozenset(models), frozenset().union(*(r.hosts for r in moved)))
 
 
 class ScarcityLookahead(FragmentationLookahead):
@@ -276,8 +275,9 @@ class ScarcityLookahead(FragmentationLookahead):
         # What placements pay, derived from the above: per model, and per reserve the price of each copy lost;
         # one attribute, replaced whole, so that an evaluation never reads one half old and the other new.
         self._prices: _Prices = ({}, (), 0.0)
-        # What each of the last ``REPRICES_KEPT`` changes of ``version`` touched (``unchanged_since``), oldest first,
-        # and what the changes since a version touched, worked out once per version asked about.
+        # What each of the last ``REPRICES_KEPT`` changes of ``version`` touched (``unchanged_since``), oldest first:
+        # the last one made the current version, each one before it the version before; and what the changes since a
+        # version touched, worked out once per version asked about.
         self._repriced: deque[_Repriced] = deque(maxlen=REPRICES_KEPT)
         self._touched_since: dict[int, _Repriced] = {}
         # The extender observes from one thread while bind may evaluate in another.
@@ -367,7 +367,7 @@ class ScarcityLookahead(FragmentationLookahead):
             touched = _EVERY_NODE if learned else _touched(self._prices, prices)
             self._prices = prices
             self._version += 1
-            self._repriced.append(replace(touched, version=self._version))
+            self._repriced.append(touched)
             self._touched_since.clear()
 
     def unchanged_since(self, version: int, node: Node) -> bool:
@@ -386,11 +386,12 @@ class ScarcityLookahead(FragmentationLookahead):
                 return False
             touched = self._touched_since.get(version)
             if touched is None:
-                changes = [change for change in self._repriced if change.version > version]
-                if len(changes) < self._version - version:  # older than the changes kept
+                since = self._version - version
+                if since > len(self._repriced):  # older than the changes kept
                     touched = _EVERY_NODE
                 else:
-                    touched = _Repriced(0, any(c.every_node for c in changes),
+                    changes = list(islice(reversed(self._repriced), since))
+                    touched = _Repriced(any(c.every_node for c in changes),
                                         frozenset().union(*(c.models for c in changes)),
                                         frozenset().union(*(c.hosts for c in changes)))
                 self._touched_since[version] = touched
