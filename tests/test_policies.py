@@ -356,3 +356,44 @@ def test_the_lookahead_measure_is_exact_where_the_free_cpu_feeds_exactly_some_co
         rounding = len(target) * sum(g.free for g in host.gpus) / 2 / PRECISION
         expected = _fragment_by_definition(host, target, True)
         assert abs(policy.fragmentation(host) - expected) <= rounding + 1e-9, cpu_free
+
+
+_SHAPES = st.lists(st.tuples(st.integers(0, 4), st.sampled_from([100, 250, 500, 1000]), st.sampled_from([0, 4000]),
+                             st.booleans(), st.sampled_from([(), ("T4",), ("G2", "V100M16")]), st.integers(1, 20)),
+                   min_size=1, max_size=10)
+
+
+def _learned(*targets: list[tuple[int, int, int, bool, tuple[str, ...], int]]) -> WorkloadDistribution:
+    """A workload seeded with each target in turn, the last one heaviest."""
+    distribution = WorkloadDistribution()
+    for heft, shapes in enumerate(targets):
+        distribution.seed({Shape(count, per_gpu if count else 0, cpu, exclusive and count > 0, ModelRule(models)):
+                           float(weight) for count, per_gpu, cpu, exclusive, models, weight in shapes},
+                          observations=10.0 ** (3 * heft))
+    return distribution
+
+
+@settings(max_examples=150, deadline=None)
+@given(hosts=st.lists(st.lists(st.tuples(st.sampled_from(_MODELS), st.integers(0, 1000), st.booleans()), min_size=1,
+                               max_size=4), min_size=1, max_size=6),
+       before=_SHAPES, after=_SHAPES)
+def test_what_a_measure_inherits_from_the_previous_target_gives_what_a_fresh_one_gives(
+        hosts: list[list[tuple[str, int, bool]]], before: list[tuple[int, int, int, bool, tuple[str, ...], int]],
+        after: list[tuple[int, int, int, bool, tuple[str, ...], int]]) -> None:
+    """A measure built when the policy learns takes over its predecessor's GPU sides (what each demand could use of
+    a set of pools), renumbering the demands both have and working out the new ones: F is what a policy that only
+    ever knew the new target gives, on GPUs met under the old target and on GPUs new to both."""
+    nodes = [Node(f"n{i}", [GPU(index=j, model=model, total=1000, used=1000 - free if touched or free < 1000 else 0,
+                                holders=int(touched or free < 1000)) for j, (model, free, touched) in enumerate(gpus)],
+                  cpu_milli=8000)
+             for i, gpus in enumerate(hosts)]
+    for kind in (FragmentationGradient, FragmentationLookahead):
+        learning = kind(_learned(before))
+        for host in nodes[::2]:  # the others are new to the GPU sides the next target inherits
+            learning.fragmentation(host)
+        learning.workload.seed(_learned(after).histogram(), observations=1e6)
+        fresh = kind(_learned(before))
+        fresh.workload.seed(_learned(after).histogram(), observations=1e6)
+        assert learning.workload.target == fresh.workload.target
+        for host in nodes:
+            assert learning.fragmentation(host) == fresh.fragmentation(host), kind.name

@@ -54,6 +54,15 @@ SCORE_LEVELS = 100
 # One GPU demand of the target: GPU count, share per GPU, exclusive, accepted models. Many shapes differ only in
 # CPU, so F's GPU side is worked out once per demand, not once per shape.
 Demand = tuple[int, int, bool, ModelRule]
+# What one set of pools offers the GPU demands of a target, as worked out for one tuple of demands (a measure's): that
+# tuple; the pools' idle memory; and per demand of which a copy fits, four numbers in a row: the demand's number in
+# the tuple, the GPU memory it could use, how many copies of it the GPUs could take, and the memory one copy takes.
+# Model rules leave most demands without a copy on a node: only the others are summed per call. One flat tuple an
+# entry, not a tuple per demand: the store holds up to ``GPU_SIDES_LIMIT`` of them. An entry takes 1.5 kB (openb's
+# default trace) to 3 kB (gpuspec20); one target's store held at most 1,900 sets of pools in the replays and 5,749 at
+# 15,000 nodes with 60,000 pods bound, so the limit leaves room for more varied fleets and keeps it under 60 MB.
+GPUSide = tuple[tuple[Demand, ...], int, tuple[int, ...]]
+GPU_SIDES_LIMIT = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +111,21 @@ class FragmentationMeasure:
         self._by_rank = tuple(Weights.of((bisect_left(self.thresholds, cpu), w) for cpu, w in pairs)
                               for pairs in shapes.values())
         self._accepts: dict[str, tuple[bool, ...]] = {}
+        self._gpu_sides: dict[tuple[Pool, ...], GPUSide] = {}
+        # Per earlier tuple of demands met in the store, by identity: that tuple, the number in this measure's of each
+        # of its demands (-1: no longer a demand), and the numbers of this measure's demands it lacks.
+        self._renumbering: dict[int, tuple[tuple[Demand, ...], tuple[int, ...], tuple[int, ...]]] = {}
+
+    def inherit(self, previous: FragmentationMeasure) -> None:
+        """Take over the store of GPU sides of ``previous``, the measure for the target before this one.
+
+        What a demand could use of a set of pools depends on the demand and the pools, not on the target's weights:
+        when the policy learns, most demands stay, and only the new ones are worked out for the pools met again.
+        On openb's gpuspec20 (63 demands) half of the sets of pools that fgd-scarcity worked out afresh had been
+        worked out for the previous target, and they were most of what its slowest filters (the top 1%) did afresh.
+        """
+        if type(previous) is type(self):
+            self._gpu_sides = previous._gpu_sides
 
     def accepts(self, model: str) -> tuple[bool, ...]:
         """Per demand, whether it accepts ``model``."""
@@ -116,30 +140,81 @@ class FragmentationMeasure:
     def amount(self, state: StateKey) -> int:
         """F in memory units times ``PRECISION``."""
         cpu_class, pools = state
-        idle = sum(sum(frees) for _, frees, _ in pools)
+        idle, hosted = self.gpu_side(pools)
         if idle == 0:
             return 0
-        prepared = [(self.accepts(model), frees, wholes) for model, frees, wholes in pools]
         used = 0
-        for i, ((count, per_gpu, exclusive, _), ranks) in enumerate(zip(self.demands, self._by_rank, strict=True)):
+        by_rank = self._by_rank
+        numbers = iter(hosted)
+        for demand, usable, _, _ in zip(numbers, numbers, numbers, numbers, strict=True):
             # The shapes whose CPU the node still has: the others can use nothing.
-            weight = ranks.below[bisect_left(ranks.keys, cpu_class)]
-            if not weight:
-                continue
-            hosts = usable = 0
-            for accepts, frees, wholes in prepared:
+            ranks = by_rank[demand]
+            used += ranks.below[bisect_left(ranks.keys, cpu_class)] * usable
+        return self.weight * idle - used
+
+    def gpu_side(self, pools: tuple[Pool, ...]) -> tuple[int, tuple[int, ...]]:
+        """The pools' idle memory, and the four numbers of each demand of which a copy fits (``GPUSide``)."""
+        found = self._gpu_sides.get(pools)
+        demands = self.demands
+        if found is not None and found[0] is demands:
+            return found[1], found[2]
+        if found is None:
+            idle = sum(sum(frees) for _, frees, _ in pools)
+            hosted = self._hosted(pools, range(len(demands)))
+        else:  # worked out for an earlier target: renumber the demands still wanted, work out the new ones
+            earlier, idle, numbers = found
+            renumbered, missing = self._renumbered(earlier)
+            hosted = []
+            row = iter(numbers)
+            for demand, usable, copies, per_copy in zip(row, row, row, row, strict=True):
+                now = renumbered[demand]
+                if now >= 0:
+                    hosted.extend((now, usable, copies, per_copy))
+            hosted.extend(self._hosted(pools, missing))
+        if len(self._gpu_sides) >= GPU_SIDES_LIMIT:
+            self._gpu_sides.clear()
+        numbers = tuple(hosted)
+        self._gpu_sides[pools] = (demands, idle, numbers)
+        return idle, numbers
+
+    def _hosted(self, pools: tuple[Pool, ...], demands: Iterable[int]) -> list[int]:
+        """Of ``demands`` (numbers in this measure's), those of which a copy fits: the four numbers of each."""
+        hosted: list[int] = []
+        accepted = [(self.accepts(model), frees, wholes) for model, frees, wholes in pools]
+        for i in demands:
+            count, per_gpu, exclusive, _ = self.demands[i]
+            usable = copies = hosts = 0
+            for accepts, frees, wholes in accepted:
                 if not accepts[i]:
                     continue
                 if exclusive:
                     hosts += len(wholes)
                     usable += sum(wholes)
-                else:
-                    room = frees[bisect_left(frees, per_gpu):]
-                    hosts += len(room)
-                    usable += sum(room)
-            if hosts >= count:
-                used += weight * usable
-        return self.weight * idle - used
+                    continue
+                room = frees[bisect_left(frees, per_gpu):]
+                hosts += len(room)
+                usable += sum(room)
+                if count == 1 and per_gpu > 0:
+                    copies += sum(free // per_gpu for free in room)
+            if count != 1 or per_gpu <= 0 or exclusive:
+                copies = hosts // count if count else 0
+            if copies <= 0:  # not one copy fits (too few GPUs with room): its shapes use nothing
+                continue
+            # Never more than usable / copies: each copy takes its share of the GPUs counted in ``usable``.
+            per_copy = per_gpu * count if per_gpu > 0 and not exclusive else (usable // hosts * count if hosts else 0)
+            hosted.extend((i, usable, copies, per_copy))
+        return hosted
+
+    def _renumbered(self, earlier: tuple[Demand, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Where each demand of ``earlier`` is in this measure's (-1: gone), and this measure's demands it lacks."""
+        known = self._renumbering.get(id(earlier))
+        if known is None or known[0] is not earlier:  # an id outlives its tuple: the tuple itself is the check
+            number = {demand: i for i, demand in enumerate(self.demands)}
+            had = set(earlier)
+            known = self._renumbering[id(earlier)] = (
+                earlier, tuple(number.get(demand, -1) for demand in earlier),
+                tuple(i for i, demand in enumerate(self.demands) if demand not in had))
+        return known[1], known[2]
 
 
 def _whole(gpu: GPU) -> bool:
@@ -218,7 +293,9 @@ class FragmentationGradient:
     def measure(self) -> FragmentationMeasure:
         """The measure for the current target workload (rebuilt, and the memo dropped, when it changes)."""
         if self._measure_version != self.workload.version:
-            self._measure = self.measure_type(self.workload.target)
+            measure = self.measure_type(self.workload.target)
+            measure.inherit(self._measure)
+            self._measure = measure
             self._measure_version = self.workload.version
             self._memo.clear()
         return self._measure

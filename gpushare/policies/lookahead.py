@@ -24,7 +24,7 @@ whole for multi-GPU tasks.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from itertools import repeat
 from operator import floordiv, mul
 
@@ -42,15 +42,6 @@ from gpushare.policies.fgd import (
 )
 from gpushare.policies.workload import Target, WorkloadDistribution
 
-# GPU-side facts for one set of pools: its idle memory; the memory that the shapes needing no CPU would use; and per
-# GPU demand (GPU count, share, exclusive, model rule) of which a copy fits, four numbers in a row: the demand's
-# number, the GPU memory it could use, how many copies of it the GPUs could take, and the memory one copy takes. Model
-# rules leave most demands without a copy on a node: only the others are summed per call. One flat tuple an entry,
-# not a tuple per demand: the memo holds up to ``_GPU_MEMO_LIMIT`` of them. An entry takes 1.5 kB (openb's default
-# trace) to 3 kB (gpuspec20); one target's memo held at most 1,900 sets of pools in the replays and 5,749 at 15,000
-# nodes with 60,000 pods bound, so the limit leaves room for more varied fleets and keeps the memo under 60 MB.
-_GPUSide = tuple[int, int, tuple[int, ...]]
-_GPU_MEMO_LIMIT = 20_000
 # Growth is compared in steps of this fraction of the largest per-GPU share in the target workload.
 STEP_FRACTION = 10
 
@@ -64,11 +55,11 @@ class CapacityMeasure(FragmentationMeasure):
         # Growth is compared at this resolution (memory units times PRECISION; 0: exactly).
         self.step = largest * PRECISION // STEP_FRACTION
         # Unlike FGD's, this F depends on the exact free CPU (how many copies it feeds). It is summed per demand,
-        # its shapes ordered by CPU: those the node has the CPU for at every copy its GPUs could take use all the
-        # memory they can, those it has no CPU for use none, and only those in between are worked out one by one;
-        # what the shapes needing no CPU use is summed once per set of pools (``_gpu_side``). A loop over every shape
-        # of the target per call made a policy's fresh evaluation of a node twice as slow for the same F (openb's
-        # gpuspec20, 366 shapes, 60% full, memos empty: 115 against 51 us).
+        # its shapes ordered by CPU: those needing no CPU, and those the node has the CPU for at every copy its GPUs
+        # could take, use all the memory they can, those it has no CPU for use none, and only those in between are
+        # worked out one by one; the demands' GPU side is worked out once per set of pools (``gpu_side``). A loop
+        # over every shape of the target per call made a policy's fresh evaluation of a node twice as slow for the
+        # same F (openb's gpuspec20, 366 shapes, 60% full, memos empty: 115 against 51 us).
         self._cpu_only_weights = Weights.of(self.cpu_only)
         # Per demand: the weight of its shapes that need no CPU; the CPU of the others, ascending, with the running
         # sum of their weights and each one's weight.
@@ -79,28 +70,27 @@ class CapacityMeasure(FragmentationMeasure):
             plan.append((sum(w for cpu, w in shapes if cpu <= 0), by_cpu.keys, by_cpu.below,
                          tuple(w for _, w in needing)))
         self._plan = tuple(plan)
-        self._gpu_memo: dict[tuple[Pool, ...], _GPUSide] = {}
 
     def state(self, cpu_free: int, pools: tuple[Pool, ...]) -> StateKey:
         return (cpu_free, pools)
 
     def amount(self, state: StateKey) -> int:
         cpu_free, pools = state
-        idle, used_without_cpu, hosted = self._gpu_side(pools)
+        idle, hosted = self.gpu_side(pools)
         if idle == 0:
             return 0
         # All the idle memory is fragment for every shape, less what each could use: nothing for the shapes that
-        # need no GPU and have the CPU (they are the ones the bisection counts off), all that is usable for those
-        # that need no CPU, and below, per demand some copy of fits, what the shapes needing CPU could use.
+        # need no GPU and have the CPU (they are the ones the bisection counts off), and per demand some copy of
+        # fits, all that is usable for its shapes that need no CPU and below, what those needing CPU could use.
         keys, below = self._cpu_only_weights.keys, self._cpu_only_weights.below
-        total = idle * (self.weight - below[bisect_right(keys, cpu_free)]) - used_without_cpu
+        total = idle * (self.weight - below[bisect_right(keys, cpu_free)])
         plan = self._plan
         numbers = iter(hosted)
         for demand, usable, copies, per_copy in zip(numbers, numbers, numbers, numbers, strict=True):
-            _, keys, below, weights = plan[demand]
+            no_cpu_weight, keys, below, weights = plan[demand]
             # The shapes with the CPU for every copy use all that is usable.
             fed = bisect_right(keys, cpu_free // copies)
-            total -= usable * below[fed]
+            total -= usable * (no_cpu_weight + below[fed])
             # Those after, up to the CPU the node has, feed cpu_free // CPU copies of per_copy each: fewer than
             # ``copies``, which never use more than is usable, so these use no more either. On a cluster with room
             # this is most shapes (a few cores feed every copy of a small share), summed in one C-level pass.
@@ -109,42 +99,6 @@ class CapacityMeasure(FragmentationMeasure):
                 total -= per_copy * sum(map(mul, weights[fed:starved], map(floordiv, repeat(cpu_free),
                                                                            keys[fed:starved])))
         return total
-
-    def _gpu_side(self, pools: tuple[Pool, ...]) -> _GPUSide:
-        found = self._gpu_memo.get(pools)
-        if found is not None:
-            return found
-        used_without_cpu = 0
-        hosted: list[int] = []
-        accepted = [(self.accepts(model), frees, wholes) for model, frees, wholes in pools]
-        for i, ((count, per_gpu, exclusive, _), (no_cpu_weight, _, _, _)) in enumerate(
-                zip(self.demands, self._plan, strict=True)):
-            usable = copies = hosts = 0
-            for accepts, frees, wholes in accepted:
-                if not accepts[i]:
-                    continue
-                if exclusive:
-                    hosts += len(wholes)
-                    usable += sum(wholes)
-                    continue
-                room = frees[bisect_left(frees, per_gpu):]
-                hosts += len(room)
-                usable += sum(room)
-                if count == 1 and per_gpu > 0:
-                    copies += sum(free // per_gpu for free in room)
-            if count != 1 or per_gpu <= 0 or exclusive:
-                copies = hosts // count if count else 0
-            if copies <= 0:  # not one copy fits: its shapes use nothing
-                continue
-            used_without_cpu += usable * no_cpu_weight
-            # Never more than usable / copies: each copy takes its share of the GPUs counted in ``usable``.
-            per_copy = per_gpu * count if per_gpu > 0 and not exclusive else (usable // hosts * count if hosts else 0)
-            hosted.extend((i, usable, copies, per_copy))
-        if len(self._gpu_memo) >= _GPU_MEMO_LIMIT:
-            self._gpu_memo.clear()
-        idle = sum(sum(frees) for _, frees, _ in pools)
-        result = self._gpu_memo[pools] = (idle, used_without_cpu, tuple(hosted))
-        return result
 
 
 class FragmentationLookahead(FragmentationGradient):
