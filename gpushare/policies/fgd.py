@@ -54,14 +54,14 @@ SCORE_LEVELS = 100
 # One GPU demand of the target: GPU count, share per GPU, exclusive, accepted models. Many shapes differ only in
 # CPU, so F's GPU side is worked out once per demand, not once per shape.
 Demand = tuple[int, int, bool, ModelRule]
-# What one set of pools offers the GPU demands of a target, as worked out for one tuple of demands (a measure's): that
-# tuple; the pools' idle memory; and per demand of which a copy fits, four numbers in a row: the demand's number in
-# the tuple, the GPU memory it could use, how many copies of it the GPUs could take, and the memory one copy takes.
-# Model rules leave most demands without a copy on a node: only the others are summed per call. One flat tuple an
-# entry, not a tuple per demand: the store holds up to ``GPU_SIDES_LIMIT`` of them. An entry takes 1.5 kB (openb's
-# default trace) to 3 kB (gpuspec20); one target's store held at most 1,900 sets of pools in the replays and 5,749 at
-# 15,000 nodes with 60,000 pods bound, so the limit leaves room for more varied fleets and keeps it under 60 MB.
-GPUSide = tuple[tuple[Demand, ...], int, tuple[int, ...]]
+# What one set of pools offers the GPU demands of a measure's target: the pools' idle memory, and per demand of which a
+# copy fits, four numbers in a row: the demand's number, the GPU memory it could use, how many copies of it the GPUs
+# could take, and the memory one copy takes. Model rules leave most demands without a copy on a node: only the others
+# are summed per call. One flat tuple an entry, not a tuple per demand: a measure holds up to ``GPU_SIDES_LIMIT`` of
+# them. An entry takes 1.5 kB (openb's default trace) to 3 kB (gpuspec20); one target's measure held at most 1,900
+# sets of pools in the replays and 5,749 at 15,000 nodes with 60,000 pods bound, so the limit leaves room for more
+# varied fleets and keeps each measure's under 60 MB (two measures' at most: a measure's and its predecessor's).
+GPUSide = tuple[int, tuple[int, ...]]
 GPU_SIDES_LIMIT = 20_000
 
 
@@ -112,20 +112,25 @@ class FragmentationMeasure:
                               for pairs in shapes.values())
         self._accepts: dict[str, tuple[bool, ...]] = {}
         self._gpu_sides: dict[tuple[Pool, ...], GPUSide] = {}
-        # Per earlier tuple of demands met in the store, by identity: that tuple, the number in this measure's of each
-        # of its demands (-1: no longer a demand), and the numbers of this measure's demands it lacks.
-        self._renumbering: dict[int, tuple[tuple[Demand, ...], tuple[int, ...], tuple[int, ...]]] = {}
+        # The GPU sides of the measure for the previous target, where each of its demands is in this one's (-1: no
+        # longer a demand), and this one's demands it lacks.
+        self._earlier: tuple[dict[tuple[Pool, ...], GPUSide], tuple[int, ...], tuple[int, ...]] | None = None
 
     def inherit(self, previous: FragmentationMeasure) -> None:
-        """Take over the store of GPU sides of ``previous``, the measure for the target before this one.
+        """Read on the GPU sides that ``previous``, the measure for the target before this one, worked out.
 
         What a demand could use of a set of pools depends on the demand and the pools, not on the target's weights:
         when the policy learns, most demands stay, and only the new ones are worked out for the pools met again.
-        On openb's gpuspec20 (63 demands) half of the sets of pools that fgd-scarcity worked out afresh had been
+        On openb's gpuspec20 (63 demands), half of the sets of pools that fgd-scarcity worked out afresh had been
         worked out for the previous target, and they were most of what its slowest filters (the top 1%) did afresh.
+        Only the previous measure's own are read, so at most two measures' GPU sides are held.
         """
-        if type(previous) is type(self):
-            self._gpu_sides = previous._gpu_sides
+        if type(previous) is not type(self):
+            return
+        number = {demand: i for i, demand in enumerate(self.demands)}
+        had = set(previous.demands)
+        self._earlier = (previous._gpu_sides, tuple(number.get(demand, -1) for demand in previous.demands),
+                         tuple(i for i, demand in enumerate(self.demands) if demand not in had))
 
     def accepts(self, model: str) -> tuple[bool, ...]:
         """Per demand, whether it accepts ``model``."""
@@ -152,18 +157,19 @@ class FragmentationMeasure:
             used += ranks.below[bisect_left(ranks.keys, cpu_class)] * usable
         return self.weight * idle - used
 
-    def gpu_side(self, pools: tuple[Pool, ...]) -> tuple[int, tuple[int, ...]]:
-        """The pools' idle memory, and the four numbers of each demand of which a copy fits (``GPUSide``)."""
+    def gpu_side(self, pools: tuple[Pool, ...]) -> GPUSide:
+        """The pools' idle memory, and the four numbers of each demand of which a copy fits (see ``GPUSide``)."""
         found = self._gpu_sides.get(pools)
-        demands = self.demands
-        if found is not None and found[0] is demands:
-            return found[1], found[2]
-        if found is None:
+        if found is not None:
+            return found
+        earlier = self._earlier
+        known = None if earlier is None else earlier[0].get(pools)
+        if earlier is None or known is None:
             idle = sum(sum(frees) for _, frees, _ in pools)
-            hosted = self._hosted(pools, range(len(demands)))
-        else:  # worked out for an earlier target: renumber the demands still wanted, work out the new ones
-            earlier, idle, numbers = found
-            renumbered, missing = self._renumbered(earlier)
+            hosted = self._hosted(pools, range(len(self.demands)))
+        else:  # worked out for the previous target: renumber the demands still wanted, work out the new ones
+            _, renumbered, missing = earlier
+            idle, numbers = known
             hosted = []
             row = iter(numbers)
             for demand, usable, copies, per_copy in zip(row, row, row, row, strict=True):
@@ -173,9 +179,8 @@ class FragmentationMeasure:
             hosted.extend(self._hosted(pools, missing))
         if len(self._gpu_sides) >= GPU_SIDES_LIMIT:
             self._gpu_sides.clear()
-        numbers = tuple(hosted)
-        self._gpu_sides[pools] = (demands, idle, numbers)
-        return idle, numbers
+        found = self._gpu_sides[pools] = (idle, tuple(hosted))
+        return found
 
     def _hosted(self, pools: tuple[Pool, ...], demands: Iterable[int]) -> list[int]:
         """Of ``demands`` (numbers in this measure's), those of which a copy fits: the four numbers of each."""
@@ -204,17 +209,6 @@ class FragmentationMeasure:
             per_copy = per_gpu * count if per_gpu > 0 and not exclusive else (usable // hosts * count if hosts else 0)
             hosted.extend((i, usable, copies, per_copy))
         return hosted
-
-    def _renumbered(self, earlier: tuple[Demand, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Where each demand of ``earlier`` is in this measure's (-1: gone), and this measure's demands it lacks."""
-        known = self._renumbering.get(id(earlier))
-        if known is None or known[0] is not earlier:  # an id outlives its tuple: the tuple itself is the check
-            number = {demand: i for i, demand in enumerate(self.demands)}
-            had = set(earlier)
-            known = self._renumbering[id(earlier)] = (
-                earlier, tuple(number.get(demand, -1) for demand in earlier),
-                tuple(i for i, demand in enumerate(self.demands) if demand not in had))
-        return known[1], known[2]
 
 
 def _whole(gpu: GPU) -> bool:
