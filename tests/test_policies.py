@@ -13,7 +13,7 @@ from gpushare.contract import ModelRule, PodRequest
 from gpushare.model import GPU, Node
 from gpushare.policies import DEFAULT_POLICY, choose_node, extender_scores, make_policy, node_priority, policy_names
 from gpushare.policies.base import follows_cluster, follows_inventory
-from gpushare.policies.fgd import PRECISION, FragmentationGradient
+from gpushare.policies.fgd import DEMANDS_LIMIT, PRECISION, FragmentationGradient
 from gpushare.policies.lookahead import FragmentationLookahead
 from gpushare.policies.simple import Binpack, Spread
 from gpushare.policies.workload import Shape, WorkloadDistribution
@@ -377,11 +377,11 @@ def _learned(*targets: list[tuple[int, int, int, bool, tuple[str, ...], int]]) -
 @given(hosts=st.lists(st.lists(st.tuples(st.sampled_from(_MODELS), st.integers(0, 1000), st.booleans()), min_size=1,
                                max_size=4), min_size=1, max_size=6),
        before=_SHAPES, after=_SHAPES)
-def test_what_a_measure_inherits_from_the_previous_target_gives_what_a_fresh_one_gives(
+def test_a_measure_reading_the_gpu_sides_of_earlier_targets_gives_what_a_fresh_one_gives(
         hosts: list[list[tuple[str, int, bool]]], before: list[tuple[int, int, int, bool, tuple[str, ...], int]],
         after: list[tuple[int, int, int, bool, tuple[str, ...], int]]) -> None:
-    """A measure built when the policy learns takes over its predecessor's GPU sides (what each demand could use of
-    a set of pools), renumbering the demands both have and working out the new ones: F is what a policy that only
+    """A measure built when the policy learns reads the GPU sides (what each demand could use of a set of pools)
+    worked out for the targets before it, extending them for the demands they lacked: F is what a policy that only
     ever knew the new target gives, on GPUs met under the old target and on GPUs new to both."""
     nodes = [Node(f"n{i}", [GPU(index=j, model=model, total=1000, used=1000 - free if touched or free < 1000 else 0,
                                 holders=int(touched or free < 1000)) for j, (model, free, touched) in enumerate(gpus)],
@@ -389,11 +389,32 @@ def test_what_a_measure_inherits_from_the_previous_target_gives_what_a_fresh_one
              for i, gpus in enumerate(hosts)]
     for kind in (FragmentationGradient, FragmentationLookahead):
         learning = kind(_learned(before))
-        for host in nodes[::2]:  # the others are new to the GPU sides the next target inherits
+        for host in nodes[::2]:  # the others are new to the GPU sides the next target reads
             learning.fragmentation(host)
         learning.workload.seed(_learned(after).histogram(), observations=1e6)
         fresh = kind(_learned(before))
         fresh.workload.seed(_learned(after).histogram(), observations=1e6)
         assert learning.workload.target == fresh.workload.target
+        for host in nodes:
+            assert learning.fragmentation(host) == fresh.fragmentation(host), kind.name
+
+
+def test_a_policy_numbers_demands_afresh_once_a_numbering_is_full_and_measures_the_same() -> None:
+    """A workload that keeps bringing new GPU demands fills a numbering of them (``DEMANDS_LIMIT``); the next measure
+    starts another, its GPU sides worked out again, and F is still what a policy that only knew its target gives."""
+    nodes = [Node(f"n{i}", [GPU(index=j, model=model, total=1000, used=used, holders=int(used > 0))
+                            for j, (model, used) in enumerate(gpus)], cpu_milli=8000)
+             for i, gpus in enumerate([[("T4", 0), ("T4", 500)], [("G2", 250), ("V100M16", 0), ("G2", 0)]])]
+    before = [(1, 500, 0, False, (), 5), (2, 1000, 4000, False, ("T4",), 3)]
+    after = [(1, 250, 4000, False, (), 4), (1, 500, 0, False, (), 2), (4, 1000, 0, True, ("G2",), 1)]
+    for kind in (FragmentationGradient, FragmentationLookahead):
+        learning = kind(_learned(before))
+        for host in nodes:
+            learning.fragmentation(host)
+        # What a stream of odd pods would have numbered: every share of one GPU of a model nobody has.
+        learning.sides.numbering([(1, share, False, ModelRule(("A100",))) for share in range(1, DEMANDS_LIMIT)])
+        learning.workload.seed(_learned(after).histogram(), observations=1e6)
+        fresh = kind(_learned(before))
+        fresh.workload.seed(_learned(after).histogram(), observations=1e6)
         for host in nodes:
             assert learning.fragmentation(host) == fresh.fragmentation(host), kind.name

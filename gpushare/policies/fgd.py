@@ -18,17 +18,18 @@ any card. In the openb trace every GPU is modelled as 1000 units, so units are t
 from __future__ import annotations
 
 import math
+import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import attrgetter
-from typing import cast
+from typing import TypeVar, cast
 
 from gpushare.contract import ModelRule, PodRequest
 from gpushare.model import GPU, Node
 from gpushare.policies.base import Candidate, pick_gpus
-from gpushare.policies.workload import Shape, Target, WorkloadDistribution
+from gpushare.policies.workload import MAX_SHAPES, Shape, Target, WorkloadDistribution
 
 # One model's GPUs on a node: the model, the free units of each GPU sorted, and those of untouched GPUs.
 Pool = tuple[str, tuple[int, ...], tuple[int, ...]]
@@ -42,6 +43,7 @@ MEMO_LIMIT = 200_000
 CHOICES_LIMIT = 20_000
 # A memo's answer for a key it has not seen (its answers may be None).
 _UNSEEN = object()
+T = TypeVar("T")
 # A node with no CPU capacity recorded has no CPU limit.
 UNLIMITED = 1 << 62
 # Probabilities become integer weights (parts per million) so that F is an exact integer: placements that
@@ -54,15 +56,19 @@ SCORE_LEVELS = 100
 # One GPU demand of the target: GPU count, share per GPU, exclusive, accepted models. Many shapes differ only in
 # CPU, so F's GPU side is worked out once per demand, not once per shape.
 Demand = tuple[int, int, bool, ModelRule]
-# What one set of pools offers the GPU demands of a measure's target: the pools' idle memory, and per demand of which a
-# copy fits, four numbers in a row: the demand's number, the GPU memory it could use, how many copies of it the GPUs
-# could take, and the memory one copy takes. Model rules leave most demands without a copy on a node: only the others
-# are summed per call. One flat tuple an entry, not a tuple per demand: a measure holds up to ``GPU_SIDES_LIMIT`` of
-# them. An entry takes 1.5 kB (openb's default trace) to 3 kB (gpuspec20); one target's measure held at most 1,900
-# sets of pools in the replays and 5,749 at 15,000 nodes with 60,000 pods bound, so the limit leaves room for more
-# varied fleets and keeps each measure's under 60 MB (two measures' at most: a measure's and its predecessor's).
+# What one set of pools offers the GPU demands numbered in a ``DemandSides``: the pools' idle memory, and per demand of
+# which a copy fits, four numbers in a row: the demand's number, the GPU memory it could use, how many copies of it the
+# GPUs could take, and the memory one copy takes. Model rules leave most demands without a copy on a node: only the
+# others are summed per call. One flat tuple an entry, not a tuple per demand: a store holds up to
+# ``GPU_SIDES_LIMIT`` of them. An entry takes 1.5 kB (openb's default trace) to 3 kB (gpuspec20); a policy's store
+# held at most 1,900 sets of pools in the replays and 5,749 at 15,000 nodes with 60,000 pods bound, so the limit
+# leaves room for more varied fleets and keeps a store under 60 MB.
 GPUSide = tuple[int, tuple[int, ...]]
 GPU_SIDES_LIMIT = 20_000
+# Demands one numbering takes before the policy starts another (and works the GPU sides out again): four times the
+# shapes a workload keeps, so only a workload that keeps changing its shapes ever reaches it, and a measure's
+# per-number tables stay small.
+DEMANDS_LIMIT = 4 * MAX_SHAPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,115 +85,70 @@ class Weights:
         return cls(tuple(k for k, _ in ordered), tuple(accumulate((w for _, w in ordered), initial=0)))
 
 
-class FragmentationMeasure:
-    """F for one target workload: the README's measure, prepared for fast evaluation.
+class DemandSides:
+    """GPU demands, each numbered once, and the GPU side of each set of pools met (``GPUSide``) for the demands
+    numbered so far.
 
-    F depends on the node's free CPU only through which of the target's CPU thresholds it meets, so the
-    state a value is memoised under records that class, not the exact amount. A shape that needs no GPU
-    can use no idle GPU memory, so all of it is fragment for that shape (the paper's rule).
-
-    F is the idle memory times the target's whole weight, less what each shape could use, weighted: a shape's
-    use depends on its demand's GPU side and on its CPU, so shapes are summed per demand by their CPU's rank.
+    What a demand could use of a set of pools depends on the demand and the pools only, not on a target's weights,
+    so every measure a policy builds as it learns reads the same sides: a side worked out for one target holds for
+    all later ones, and is only extended when a later target brings demands numbered since. The lookahead's measure
+    and FGD's (its tie-break) share them too, since their targets are the same. On openb's gpuspec20 the measures of
+    fgd-scarcity had each worked out 22,000 sets of pools (half of them renumbered from the previous target's) where
+    the policy meets 7,575 distinct ones.
     """
 
-    def __init__(self, target: Target) -> None:
-        self.coverage = sum(p for _, p in target) or 1.0
-        self.thresholds = sorted({shape.cpu_milli for shape, _ in target})
-        weighted = [(shape, round(p * PRECISION)) for shape, p in target]
-        self.weight = sum(w for _, w in weighted)
-        shapes: dict[Demand, list[tuple[int, int]]] = {}
-        cpu_only = []
-        for shape, weight in weighted:
-            if shape.gpu_count == 0:
-                cpu_only.append((shape.cpu_milli, weight))
-            else:
-                demand = (shape.gpu_count, shape.per_gpu, shape.exclusive, shape.models)
-                shapes.setdefault(demand, []).append((shape.cpu_milli, weight))
-        self.demands = tuple(shapes)
-        # Per demand its shapes' CPU and weight; the same for the shapes that need no GPU.
-        self.demand_shapes = tuple(tuple(pairs) for pairs in shapes.values())
-        self.cpu_only = tuple(cpu_only)
-        # Per demand its shapes by the rank of their CPU among the thresholds (what a state records).
-        self._by_rank = tuple(Weights.of((bisect_left(self.thresholds, cpu), w) for cpu, w in pairs)
-                              for pairs in shapes.values())
+    def __init__(self) -> None:
+        self._numbers: dict[Demand, int] = {}
+        self._demands: list[Demand] = []
         self._accepts: dict[str, tuple[bool, ...]] = {}
-        self._gpu_sides: dict[tuple[Pool, ...], GPUSide] = {}
-        # The GPU sides of the measure for the previous target, where each of its demands is in this one's (-1: no
-        # longer a demand), and this one's demands it lacks.
-        self._earlier: tuple[dict[tuple[Pool, ...], GPUSide], tuple[int, ...], tuple[int, ...]] | None = None
+        # Per set of pools: how many demands its side covers (the first so many numbers), and the side.
+        self._sides: dict[tuple[Pool, ...], tuple[int, GPUSide]] = {}
 
-    def inherit(self, previous: FragmentationMeasure) -> None:
-        """Read on the GPU sides that ``previous``, the measure for the target before this one, worked out.
+    def room(self) -> int:
+        """How many more demands this numbering takes."""
+        return DEMANDS_LIMIT - len(self._demands)
 
-        What a demand could use of a set of pools depends on the demand and the pools, not on the target's weights:
-        when the policy learns, most demands stay, and only the new ones are worked out for the pools met again.
-        On openb's gpuspec20 (63 demands), half of the sets of pools that fgd-scarcity worked out afresh had been
-        worked out for the previous target, and they were most of what its slowest filters (the top 1%) did afresh.
-        Only the previous measure's own are read, so at most two measures' GPU sides are held.
-        """
-        if type(previous) is not type(self):
-            return
-        number = {demand: i for i, demand in enumerate(self.demands)}
-        had = set(previous.demands)
-        self._earlier = (previous._gpu_sides, tuple(number.get(demand, -1) for demand in previous.demands),
-                         tuple(i for i, demand in enumerate(self.demands) if demand not in had))
+    def number(self, demands: Iterable[Demand]) -> list[int]:
+        """The demands' numbers, numbering those new to it (``SharedSides`` keeps them within ``DEMANDS_LIMIT``)."""
+        numbers = []
+        for demand in demands:
+            number = self._numbers.get(demand)
+            if number is None:
+                number = self._numbers[demand] = len(self._demands)
+                self._demands.append(demand)
+            numbers.append(number)
+        return numbers
 
-    def accepts(self, model: str) -> tuple[bool, ...]:
-        """Per demand, whether it accepts ``model``."""
-        found = self._accepts.get(model)
+    def side(self, pools: tuple[Pool, ...], covering: int) -> GPUSide:
+        """The pools' GPU side, covering at least the first ``covering`` demands numbered."""
+        found = self._sides.get(pools)
+        if found is not None and found[0] >= covering:
+            return found[1]
+        numbered = len(self._demands)
         if found is None:
-            found = self._accepts[model] = tuple(rule.accepts(model) for _, _, _, rule in self.demands)
-        return found
-
-    def state(self, cpu_free: int, pools: tuple[Pool, ...]) -> StateKey:
-        return (bisect_right(self.thresholds, cpu_free), pools)
-
-    def amount(self, state: StateKey) -> int:
-        """F in memory units times ``PRECISION``."""
-        cpu_class, pools = state
-        idle, hosted = self.gpu_side(pools)
-        if idle == 0:
-            return 0
-        used = 0
-        by_rank = self._by_rank
-        numbers = iter(hosted)
-        for demand, usable, _, _ in zip(numbers, numbers, numbers, numbers, strict=True):
-            # The shapes whose CPU the node still has: the others can use nothing.
-            ranks = by_rank[demand]
-            used += ranks.below[bisect_left(ranks.keys, cpu_class)] * usable
-        return self.weight * idle - used
-
-    def gpu_side(self, pools: tuple[Pool, ...]) -> GPUSide:
-        """The pools' idle memory, and the four numbers of each demand of which a copy fits (see ``GPUSide``)."""
-        found = self._gpu_sides.get(pools)
-        if found is not None:
-            return found
-        earlier = self._earlier
-        known = None if earlier is None else earlier[0].get(pools)
-        if earlier is None or known is None:
             idle = sum(sum(frees) for _, frees, _ in pools)
-            hosted = self._hosted(pools, range(len(self.demands)))
-        else:  # worked out for the previous target: renumber the demands still wanted, work out the new ones
-            _, renumbered, missing = earlier
-            idle, numbers = known
-            hosted = []
-            row = iter(numbers)
-            for demand, usable, copies, per_copy in zip(row, row, row, row, strict=True):
-                now = renumbered[demand]
-                if now >= 0:
-                    hosted.extend((now, usable, copies, per_copy))
-            hosted.extend(self._hosted(pools, missing))
-        if len(self._gpu_sides) >= GPU_SIDES_LIMIT:
-            self._gpu_sides.clear()
-        found = self._gpu_sides[pools] = (idle, tuple(hosted))
+            side = (idle, tuple(self._hosted(pools, range(numbered))))
+        else:  # worked out before some demand was numbered: only those numbered since are new
+            covered, (idle, hosted) = found
+            side = (idle, hosted + tuple(self._hosted(pools, range(covered, numbered))))
+        if len(self._sides) >= GPU_SIDES_LIMIT:
+            self._sides.clear()
+        self._sides[pools] = (numbered, side)
+        return side
+
+    def _accepted(self, model: str, numbered: int) -> tuple[bool, ...]:
+        """Per demand numbered (at least the first ``numbered``), whether it accepts ``model``."""
+        found = self._accepts.get(model)
+        if found is None or len(found) < numbered:
+            found = self._accepts[model] = tuple(rule.accepts(model) for _, _, _, rule in self._demands[:numbered])
         return found
 
-    def _hosted(self, pools: tuple[Pool, ...], demands: Iterable[int]) -> list[int]:
-        """Of ``demands`` (numbers in this measure's), those of which a copy fits: the four numbers of each."""
+    def _hosted(self, pools: tuple[Pool, ...], demands: range) -> list[int]:
+        """Of ``demands`` (numbers), those of which a copy fits: the four numbers of each."""
         hosted: list[int] = []
-        accepted = [(self.accepts(model), frees, wholes) for model, frees, wholes in pools]
+        accepted = [(self._accepted(model, demands.stop), frees, wholes) for model, frees, wholes in pools]
         for i in demands:
-            count, per_gpu, exclusive, _ = self.demands[i]
+            count, per_gpu, exclusive, _ = self._demands[i]
             usable = copies = hosts = 0
             for accepts, frees, wholes in accepted:
                 if not accepts[i]:
@@ -209,6 +170,89 @@ class FragmentationMeasure:
             per_copy = per_gpu * count if per_gpu > 0 and not exclusive else (usable // hosts * count if hosts else 0)
             hosted.extend((i, usable, copies, per_copy))
         return hosted
+
+
+class SharedSides:
+    """The ``DemandSides`` the measures of one workload share, started afresh when a target brings more demands
+    than the current numbering has room for. A measure keeps the numbering it was built on."""
+
+    def __init__(self) -> None:
+        self._sides = DemandSides()
+        self._lock = threading.Lock()
+
+    def numbering(self, demands: Sequence[Demand]) -> tuple[DemandSides, list[int]]:
+        """The numbering the measure of a target with ``demands`` reads, and their numbers there."""
+        with self._lock:  # policies of one workload may build their measures on different threads
+            sides = self._sides
+            if sides.room() < len(demands):
+                sides = self._sides = DemandSides()
+            return sides, sides.number(demands)
+
+
+class FragmentationMeasure:
+    """F for one target workload: the README's measure, prepared for fast evaluation.
+
+    F depends on the node's free CPU only through which of the target's CPU thresholds it meets, so the
+    state a value is memoised under records that class, not the exact amount. A shape that needs no GPU
+    can use no idle GPU memory, so all of it is fragment for that shape (the paper's rule).
+
+    F is the idle memory times the target's whole weight, less what each shape could use, weighted: a shape's
+    use depends on its demand's GPU side (``DemandSides``) and on its CPU, so shapes are summed per demand by
+    their CPU's rank. Tables per demand are indexed by the demand's number, ``None`` for the numbers of demands
+    outside the target (a GPU side lists every demand numbered when it was worked out).
+    """
+
+    def __init__(self, target: Target, shared: SharedSides) -> None:
+        self.coverage = sum(p for _, p in target) or 1.0
+        self.thresholds = sorted({shape.cpu_milli for shape, _ in target})
+        weighted = [(shape, round(p * PRECISION)) for shape, p in target]
+        self.weight = sum(w for _, w in weighted)
+        shapes: dict[Demand, list[tuple[int, int]]] = {}
+        cpu_only = []
+        for shape, weight in weighted:
+            if shape.gpu_count == 0:
+                cpu_only.append((shape.cpu_milli, weight))
+            else:
+                demand = (shape.gpu_count, shape.per_gpu, shape.exclusive, shape.models)
+                shapes.setdefault(demand, []).append((shape.cpu_milli, weight))
+        self._sides, self.numbers = shared.numbering(tuple(shapes))
+        # Per demand its shapes' CPU and weight; the same for the shapes that need no GPU.
+        self.demand_shapes = tuple(tuple(pairs) for pairs in shapes.values())
+        self.cpu_only = tuple(cpu_only)
+        self._covering = max(self.numbers, default=-1) + 1
+        # Per demand's number its shapes by the rank of their CPU among the thresholds (what a state records).
+        self._by_rank = self.by_number(Weights.of((bisect_left(self.thresholds, cpu), w) for cpu, w in pairs)
+                                       for pairs in shapes.values())
+
+    def by_number(self, values: Iterable[T]) -> list[T | None]:
+        """A table indexed by demand number: ``values`` in the order of the target's demands, ``None`` elsewhere."""
+        table: list[T | None] = [None] * DEMANDS_LIMIT
+        for number, value in zip(self.numbers, values, strict=True):
+            table[number] = value
+        return table
+
+    def state(self, cpu_free: int, pools: tuple[Pool, ...]) -> StateKey:
+        return (bisect_right(self.thresholds, cpu_free), pools)
+
+    def amount(self, state: StateKey) -> int:
+        """F in memory units times ``PRECISION``."""
+        cpu_class, pools = state
+        idle, hosted = self.gpu_side(pools)
+        if idle == 0:
+            return 0
+        used = 0
+        by_rank = self._by_rank
+        numbers = iter(hosted)
+        for demand, usable, _, _ in zip(numbers, numbers, numbers, numbers, strict=True):
+            ranks = by_rank[demand]
+            if ranks is not None:  # else no shape of the target wants it
+                # The shapes whose CPU the node still has: the others can use nothing.
+                used += ranks.below[bisect_left(ranks.keys, cpu_class)] * usable
+        return self.weight * idle - used
+
+    def gpu_side(self, pools: tuple[Pool, ...]) -> GPUSide:
+        """The pools' idle memory, and the four numbers of each demand of which a copy fits (see ``GPUSide``)."""
+        return self._sides.side(pools, self._covering)
 
 
 def _whole(gpu: GPU) -> bool:
@@ -269,9 +313,11 @@ class FragmentationGradient:
     name = "fgd"
     measure_type: type[FragmentationMeasure] = FragmentationMeasure
 
-    def __init__(self, workload: WorkloadDistribution | None = None) -> None:
+    def __init__(self, workload: WorkloadDistribution | None = None, sides: SharedSides | None = None) -> None:
+        """``sides``: the GPU sides of another policy on the same workload, to share (see ``DemandSides``)."""
         self.workload = workload if workload is not None else WorkloadDistribution()
-        self._measure = self.measure_type(self.workload.target)
+        self.sides = sides if sides is not None else SharedSides()
+        self._measure = self.measure_type(self.workload.target, self.sides)
         self._measure_version = self.workload.version
         self._memo: dict[StateKey, int] = {}
         self._choices: dict[Hashable, GPUChoices | None] = {}
@@ -287,9 +333,7 @@ class FragmentationGradient:
     def measure(self) -> FragmentationMeasure:
         """The measure for the current target workload (rebuilt, and the memo dropped, when it changes)."""
         if self._measure_version != self.workload.version:
-            measure = self.measure_type(self.workload.target)
-            measure.inherit(self._measure)
-            self._measure = measure
+            self._measure = self.measure_type(self.workload.target, self.sides)
             self._measure_version = self.workload.version
             self._memo.clear()
         return self._measure

@@ -37,6 +37,7 @@ from gpushare.policies.fgd import (
     FragmentationGradient,
     FragmentationMeasure,
     Pool,
+    SharedSides,
     StateKey,
     Weights,
 )
@@ -49,8 +50,8 @@ STEP_FRACTION = 10
 class CapacityMeasure(FragmentationMeasure):
     """The lookahead fragmentation measure (see the module docstring)."""
 
-    def __init__(self, target: Target) -> None:
-        super().__init__(target)
+    def __init__(self, target: Target, shared: SharedSides) -> None:
+        super().__init__(target, shared)
         largest = max((s.per_gpu for s, _ in target if s.gpu_count), default=0)
         # Growth is compared at this resolution (memory units times PRECISION; 0: exactly).
         self.step = largest * PRECISION // STEP_FRACTION
@@ -61,15 +62,15 @@ class CapacityMeasure(FragmentationMeasure):
         # over every shape of the target per call made a policy's fresh evaluation of a node twice as slow for the
         # same F (openb's gpuspec20, 366 shapes, 60% full, memos empty: 115 against 51 us).
         self._cpu_only_weights = Weights.of(self.cpu_only)
-        # Per demand: the weight of its shapes that need no CPU; the CPU of the others, ascending, with the running
-        # sum of their weights and each one's weight.
+        # Per demand's number: the weight of its shapes that need no CPU; the CPU of the others, ascending, with the
+        # running sum of their weights and each one's weight.
         plan = []
         for shapes in self.demand_shapes:
             needing = sorted((cpu, w) for cpu, w in shapes if cpu > 0)
             by_cpu = Weights.of(needing)
             plan.append((sum(w for cpu, w in shapes if cpu <= 0), by_cpu.keys, by_cpu.below,
                          tuple(w for _, w in needing)))
-        self._plan = tuple(plan)
+        self._plan = self.by_number(plan)
 
     def state(self, cpu_free: int, pools: tuple[Pool, ...]) -> StateKey:
         return (cpu_free, pools)
@@ -87,7 +88,10 @@ class CapacityMeasure(FragmentationMeasure):
         plan = self._plan
         numbers = iter(hosted)
         for demand, usable, copies, per_copy in zip(numbers, numbers, numbers, numbers, strict=True):
-            no_cpu_weight, keys, below, weights = plan[demand]
+            shapes = plan[demand]
+            if shapes is None:  # no shape of the target wants it
+                continue
+            no_cpu_weight, keys, below, weights = shapes
             # The shapes with the CPU for every copy use all that is usable.
             fed = bisect_right(keys, cpu_free // copies)
             total -= usable * (no_cpu_weight + below[fed])
@@ -110,7 +114,7 @@ class FragmentationLookahead(FragmentationGradient):
 
     def __init__(self, workload: WorkloadDistribution | None = None) -> None:
         super().__init__(workload)
-        self._fgd = FragmentationGradient(self.workload)
+        self._fgd = FragmentationGradient(self.workload, self.sides)  # the same target: the same GPU sides
 
     def evaluate(self, node: Node, request: PodRequest) -> Candidate | None:
         if not node.fits_host_resources(request):
