@@ -401,20 +401,29 @@ def test_a_measure_reading_the_gpu_sides_of_earlier_targets_gives_what_a_fresh_o
 
 def test_a_policy_numbers_demands_afresh_once_a_numbering_is_full_and_measures_the_same() -> None:
     """A workload that keeps bringing new GPU demands fills a numbering of them (``DEMANDS_LIMIT``); the next measure
-    starts another, its GPU sides worked out again, and F is still what a policy that only knew its target gives."""
+    starts another, its GPU sides worked out again, and F is still what a policy that only knew its target gives,
+    also for a target (from a seed) with more demands than a numbering takes."""
     nodes = [Node(f"n{i}", [GPU(index=j, model=model, total=1000, used=used, holders=int(used > 0))
                             for j, (model, used) in enumerate(gpus)], cpu_milli=8000)
              for i, gpus in enumerate([[("T4", 0), ("T4", 500)], [("G2", 250), ("V100M16", 0), ("G2", 0)]])]
     before = [(1, 500, 0, False, (), 5), (2, 1000, 4000, False, ("T4",), 3)]
     after = [(1, 250, 4000, False, (), 4), (1, 500, 0, False, (), 2), (4, 1000, 0, True, ("G2",), 1)]
+    many = [(1, share, 1000, False, (), 1) for share in range(1, DEMANDS_LIMIT + 60)]
     for kind in (FragmentationGradient, FragmentationLookahead):
         learning = kind(_learned(before))
         for host in nodes:
             learning.fragmentation(host)
         # What a stream of odd pods would have numbered: every share of one GPU of a model nobody has.
         learning.sides.numbering([(1, share, False, ModelRule(("A100",))) for share in range(1, DEMANDS_LIMIT)])
-        learning.workload.seed(_learned(after).histogram(), observations=1e6)
-        fresh = kind(_learned(before))
-        fresh.workload.seed(_learned(after).histogram(), observations=1e6)
-        for host in nodes:
-            assert learning.fragmentation(host) == fresh.fragmentation(host), kind.name
+        learned = []
+        for target in (after, many):
+            learned.append(_learned(target).histogram())
+            learning.workload.seed(learned[-1], observations=1e9)
+            fresh = kind(_learned(before))
+            for histogram in learned:
+                fresh.workload.seed(histogram, observations=1e9)
+            assert learning.workload.target == fresh.workload.target
+            for host in nodes:
+                assert learning.fragmentation(host) == fresh.fragmentation(host), kind.name
+            if target is after:  # the full numbering was left behind, not grown past its limit
+                assert learning.sides.numbering([])[0].table_size() == DEMANDS_LIMIT

@@ -65,10 +65,10 @@ Demand = tuple[int, int, bool, ModelRule]
 # leaves room for more varied fleets and keeps a store under 60 MB.
 GPUSide = tuple[int, tuple[int, ...]]
 GPU_SIDES_LIMIT = 20_000
-# Demands one numbering takes before the policy starts another (and works the GPU sides out again): four times the
-# shapes a workload keeps, so only a workload that keeps changing its shapes ever reaches it, and a measure's
-# per-number tables stay small.
-DEMANDS_LIMIT = 4 * MAX_SHAPES
+# Demands one numbering takes before the policy starts another (and works the GPU sides out again): as many as the
+# shapes a workload keeps, so that an entry lists no more demands than one target's measure did, and only a workload
+# whose shapes keep changing starts a new numbering, now and then.
+DEMANDS_LIMIT = MAX_SHAPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,32 +92,33 @@ class DemandSides:
     What a demand could use of a set of pools depends on the demand and the pools only, not on a target's weights,
     so every measure a policy builds as it learns reads the same sides: a side worked out for one target holds for
     all later ones, and is only extended when a later target brings demands numbered since. The lookahead's measure
-    and FGD's (its tie-break) share them too, since their targets are the same. On openb's gpuspec20 the measures of
-    fgd-scarcity had each worked out 22,000 sets of pools (half of them renumbered from the previous target's) where
-    the policy meets 7,575 distinct ones.
+    and FGD's (its tie-break) share them too, since their targets are the same. On openb's gpuspec20 (10,000 pods on
+    5,000 of openb's nodes) fgd-scarcity's two measures had each worked out about 22,000 sets of pools, half of them
+    renumbered from the previous target's; one store works out 6,800 and extends 10,760 by a demand or a few.
     """
 
-    def __init__(self) -> None:
-        self._numbers: dict[Demand, int] = {}
-        self._demands: list[Demand] = []
+    def __init__(self, demands: Sequence[Demand] = ()) -> None:
+        """``demands`` (distinct) take the first numbers, in order, however many."""
+        self._numbers: dict[Demand, int] = {demand: number for number, demand in enumerate(demands)}
+        self._demands: list[Demand] = list(demands)
         self._accepts: dict[str, tuple[bool, ...]] = {}
         # Per set of pools: how many demands its side covers (the first so many numbers), and the side.
         self._sides: dict[tuple[Pool, ...], tuple[int, GPUSide]] = {}
 
-    def room(self) -> int:
-        """How many more demands this numbering takes."""
-        return DEMANDS_LIMIT - len(self._demands)
+    def number(self, demands: Sequence[Demand]) -> list[int] | None:
+        """The numbers of ``demands`` (distinct), numbering those new to it; ``None``, numbering none, when they would
+        take it past ``DEMANDS_LIMIT``."""
+        new = [demand for demand in demands if demand not in self._numbers]
+        if len(self._demands) + len(new) > DEMANDS_LIMIT:
+            return None
+        for demand in new:
+            self._numbers[demand] = len(self._demands)
+            self._demands.append(demand)
+        return [self._numbers[demand] for demand in demands]
 
-    def number(self, demands: Iterable[Demand]) -> list[int]:
-        """The demands' numbers, numbering those new to it (``SharedSides`` keeps them within ``DEMANDS_LIMIT``)."""
-        numbers = []
-        for demand in demands:
-            number = self._numbers.get(demand)
-            if number is None:
-                number = self._numbers[demand] = len(self._demands)
-                self._demands.append(demand)
-            numbers.append(number)
-        return numbers
+    def table_size(self) -> int:
+        """How long a table indexed by this numbering's numbers must be: no number ever reaches it."""
+        return max(DEMANDS_LIMIT, len(self._demands))
 
     def side(self, pools: tuple[Pool, ...], covering: int) -> GPUSide:
         """The pools' GPU side, covering at least the first ``covering`` demands numbered."""
@@ -181,12 +182,13 @@ class SharedSides:
         self._lock = threading.Lock()
 
     def numbering(self, demands: Sequence[Demand]) -> tuple[DemandSides, list[int]]:
-        """The numbering the measure of a target with ``demands`` reads, and their numbers there."""
+        """The numbering the measure of a target with ``demands`` (distinct) reads, and their numbers there."""
         with self._lock:  # policies of one workload may build their measures on different threads
-            sides = self._sides
-            if sides.room() < len(demands):
-                sides = self._sides = DemandSides()
-            return sides, sides.number(demands)
+            numbers = self._sides.number(demands)
+            if numbers is None:
+                self._sides = DemandSides(demands)
+                numbers = list(range(len(demands)))
+            return self._sides, numbers
 
 
 class FragmentationMeasure:
@@ -226,7 +228,7 @@ class FragmentationMeasure:
 
     def by_number(self, values: Iterable[T]) -> list[T | None]:
         """A table indexed by demand number: ``values`` in the order of the target's demands, ``None`` elsewhere."""
-        table: list[T | None] = [None] * DEMANDS_LIMIT
+        table: list[T | None] = [None] * self._sides.table_size()
         for number, value in zip(self.numbers, values, strict=True):
             table[number] = value
         return table
