@@ -60,9 +60,10 @@ Demand = tuple[int, int, bool, ModelRule]
 # which a copy fits, four numbers in a row: the demand's number, the GPU memory it could use, how many copies of it the
 # GPUs could take, and the memory one copy takes. Model rules leave most demands without a copy on a node: only the
 # others are summed per call. One flat tuple an entry, not a tuple per demand: a store holds up to
-# ``GPU_SIDES_LIMIT`` of them. An entry takes 1.5 kB (openb's default trace) to 3 kB (gpuspec20); a policy's store
-# held at most 1,900 sets of pools in the replays and 5,749 at 15,000 nodes with 60,000 pods bound, so the limit
-# leaves room for more varied fleets and keeps a store under 60 MB.
+# ``GPU_SIDES_LIMIT`` of them. An entry takes 1.5 kB (openb's default trace) to 3 kB (gpuspec20); one target's measure
+# met at most 1,900 sets of pools in the replays and 5,749 at 15,000 nodes with 60,000 pods bound (gpuspec20's
+# 10,000 pods on 5,000 nodes: 6,800 for all targets together), so the limit leaves room for more varied fleets and
+# keeps a store under 60 MB.
 GPUSide = tuple[int, tuple[int, ...]]
 GPU_SIDES_LIMIT = 20_000
 # Demands one numbering takes before the policy starts another (and works the GPU sides out again): as many as the
@@ -125,13 +126,10 @@ class DemandSides:
         found = self._sides.get(pools)
         if found is not None and found[0] >= covering:
             return found[1]
+        # A side worked out before some demand was numbered is extended by those numbered since.
+        covered, (idle, hosted) = found if found is not None else (0, (sum(sum(frees) for _, frees, _ in pools), ()))
         numbered = len(self._demands)
-        if found is None:
-            idle = sum(sum(frees) for _, frees, _ in pools)
-            side = (idle, tuple(self._hosted(pools, range(numbered))))
-        else:  # worked out before some demand was numbered: only those numbered since are new
-            covered, (idle, hosted) = found
-            side = (idle, hosted + tuple(self._hosted(pools, range(covered, numbered))))
+        side = (idle, hosted + tuple(self._hosted(pools, range(covered, numbered))))
         if len(self._sides) >= GPU_SIDES_LIMIT:
             self._sides.clear()
         self._sides[pools] = (numbered, side)
