@@ -329,3 +329,64 @@ def test_a_price_that_moves_leaves_the_nodes_of_other_models_and_outside_the_res
         workload.observe(Shape(2, 700, 9000))
     assert policy.version != learned
     assert not policy.unchanged_since(learned, g2)
+
+
+def sized_node(name: str, size: int) -> Node:
+    """One of four node sizes: 8 G3 GPUs and 128 cores, 8 G2 and 96 cores, 4 G2 and 32 cores, 4 T4 and 48 cores."""
+    model, gpus, cores = [("G3", 8, 128), ("G2", 8, 96), ("G2", 4, 32), ("t4", 4, 48)][size]
+    return Node(name, [GPU(i, model, 1000) for i in range(gpus)], cpu_milli=cores * 1000)
+
+
+LEARNED = [Shape(8, 1000, 120000), Shape(8, 1000, 64000), Shape(4, 1000, 40000), Shape(1, 1000, 12000),
+           Shape(1, 500, 4000, models=T4_ONLY), Shape(2, 500, 30000), Shape(0, 0, 8000)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.one_of(
+    st.tuples(st.just("learn"), st.integers(0, len(LEARNED) - 1), st.integers(1, 400)),
+    st.tuples(st.just("resize"), st.integers(0, 7), st.integers(0, 3)),
+    st.tuples(st.just("gone"), st.integers(0, 7), st.just(0)),
+    st.tuples(st.just("place"), st.integers(0, 7), st.integers(1, 60))), min_size=1, max_size=12))
+def test_what_the_policy_keeps_between_targets_prices_as_a_policy_that_knows_only_the_last(
+        steps: list[tuple[str, int, int]]) -> None:
+    """The sizes that may host each GPU demand and each reserve's counts outlive a change of target, until the
+    nodes' sizes change: prices, reserves and answers after any history equal those of a policy that only saw the
+    cluster and the target as they are at the end."""
+    workload = WorkloadDistribution(coverage=1.0)
+    workload.seed({LEARNED[0]: 1.0, LEARNED[3]: 60.0, LEARNED[6]: 20.0}, observations=100)
+    # One size to start with: each resize may bring a size the policy has not seen.
+    nodes = {f"n-{i}": sized_node(f"n-{i}", 1) for i in range(8)}
+    policy = ScarcityLookahead(workload)
+
+    def observed(changed: list[Node], gone: list[str]) -> None:
+        policy.observe_inventory(gpu_capacity(nodes.values()))
+        policy.observe_nodes(changed, gone)
+        assert policy.version >= 0  # reprices
+
+    observed(list(nodes.values()), [])
+    for kind, index, value in steps:
+        name = f"n-{index}"
+        if kind == "learn":
+            workload.seed({LEARNED[index]: 1.0}, observations=value)
+            assert policy.version >= 0
+        elif kind == "resize":
+            nodes[name] = sized_node(name, value)
+            observed([nodes[name]], [])
+        elif kind == "gone" and name in nodes:
+            del nodes[name]
+            observed([], [name])
+        elif kind == "place" and name in nodes and nodes[name].cpu_milli - nodes[name].cpu_used >= value * 1000:
+            nodes[name].place(f"pod-{len(steps)}-{value}", PodRequest(per_gpu=0, gpu_count=0, cpu_milli=value * 1000),
+                              [])
+            observed([nodes[name]], [])
+    fresh = ScarcityLookahead(workload)
+    fresh.observe_inventory(gpu_capacity(nodes.values()))
+    fresh.observe_nodes(list(nodes.values()))
+    assert policy.version >= 0 and fresh.version >= 0
+    assert policy._reserves == fresh._reserves and policy._hosted == fresh._hosted
+    assert policy._prices == fresh._prices
+    pods = [PodRequest(per_gpu=1000, gpu_count=1, cpu_milli=12000),
+            PodRequest(per_gpu=500, gpu_count=2, cpu_milli=4000)]
+    for node in nodes.values():
+        for pod in pods:
+            assert policy.evaluate(node, pod) == fresh.evaluate(node, pod)

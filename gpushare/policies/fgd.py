@@ -145,22 +145,25 @@ class DemandSides:
     def _hosted(self, pools: tuple[Pool, ...], demands: range) -> list[int]:
         """Of ``demands`` (numbers), those of which a copy fits: the four numbers of each."""
         hosted: list[int] = []
-        accepted = [(self._accepted(model, demands.stop), frees, wholes) for model, frees, wholes in pools]
+        # What a pool offers a demand depends on the demand's share and exclusiveness only, which many demands have
+        # in common (gpuspec20's 63 demands have 20 of them): each pool works each one out once per call. Per pool,
+        # by share (None: exclusive).
+        offers: list[dict[int | None, tuple[int, int, int]]] = [{} for _ in pools]
+        accepted = [(self._accepted(model, demands.stop), frees, wholes, known)
+                    for (model, frees, wholes), known in zip(pools, offers, strict=True)]
         for i in demands:
             count, per_gpu, exclusive, _ = self._demands[i]
             usable = copies = hosts = 0
-            for accepts, frees, wholes in accepted:
+            for accepts, frees, wholes, known in accepted:
                 if not accepts[i]:
                     continue
-                if exclusive:
-                    hosts += len(wholes)
-                    usable += sum(wholes)
-                    continue
-                room = frees[bisect_left(frees, per_gpu):]
-                hosts += len(room)
-                usable += sum(room)
-                if count == 1 and per_gpu > 0:
-                    copies += sum(free // per_gpu for free in room)
+                kind = None if exclusive else per_gpu
+                offer = known.get(kind)
+                if offer is None:
+                    offer = known[kind] = _offer(frees, wholes, per_gpu, exclusive)
+                hosts += offer[0]
+                usable += offer[1]
+                copies += offer[2]
             if count != 1 or per_gpu <= 0 or exclusive:
                 copies = hosts // count if count else 0
             if copies <= 0:  # not one copy fits (too few GPUs with room): its shapes use nothing
@@ -169,6 +172,15 @@ class DemandSides:
             per_copy = per_gpu * count if per_gpu > 0 and not exclusive else (usable // hosts * count if hosts else 0)
             hosted.extend((i, usable, copies, per_copy))
         return hosted
+
+
+def _offer(frees: tuple[int, ...], wholes: tuple[int, ...], per_gpu: int, exclusive: bool) -> tuple[int, int, int]:
+    """What one pool offers a demand of ``per_gpu`` (exclusive or not): how many of its GPUs have room, their free
+    memory, and how many copies of a one-GPU share of ``per_gpu`` they take (0 for an exclusive demand, or none)."""
+    if exclusive:
+        return len(wholes), sum(wholes), 0
+    room = frees[bisect_left(frees, per_gpu):]
+    return len(room), sum(room), sum(free // per_gpu for free in room) if per_gpu > 0 else 0
 
 
 class SharedSides:
