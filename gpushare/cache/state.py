@@ -426,11 +426,16 @@ class ClusterCache:
             first = dict(zip(reversed(states), reversed(names), strict=True))
             if carry is not None and (prior := self._prior_table(key, carry)) is not None:
                 carried = self._carried(prior, carry.unchanged_since)
+                # Only a state the prior version answered may carry its answer: the others (most of them, nodes
+                # changed since) are not read for it.
+                earlier = prior[1]
                 still = []
                 for state in missing:
-                    known = answers[state] = self._answer(first[state], table, carried, _UNKNOWN)
-                    if known is _UNKNOWN:
-                        still.append(state)
+                    if state in earlier:
+                        known = answers[state] = self._answer(first[state], table, carried, _UNKNOWN)
+                        if known is not _UNKNOWN:
+                            continue
+                    still.append(state)
                 missing = still
             if max_reads is not None and len(missing) > max_reads:
                 return None
