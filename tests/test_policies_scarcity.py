@@ -16,12 +16,15 @@ from gpushare.policies import choose_node, make_policy, node_priority
 from gpushare.policies.base import Candidate, ClusterAware, InventoryAware
 from gpushare.policies.lookahead import FragmentationLookahead
 from gpushare.policies.scarcity import (
+    RESERVE_DEPTH,
+    RESERVE_LEVELS,
     ScarcityLookahead,
     copies,
     cores_per_unit,
     demand_beyond,
     model_pressure,
     stranded,
+    surely_unneeded,
 )
 from gpushare.policies.workload import Shape, WorkloadDistribution
 
@@ -246,6 +249,21 @@ def _reference_demand_beyond(mean: float, hosts: int, depth: int) -> tuple[float
 def test_demand_beyond_has_the_bits_of_the_sum_over_every_term(mean: float, hosts: int, depth: int) -> None:
     """Reserve prices are rounded to eighths: a last bit of difference could move one and with it a placement."""
     assert demand_beyond(mean, hosts, depth) == _reference_demand_beyond(mean, hosts, depth)
+
+
+@settings(max_examples=600, deadline=None)
+@given(mean=st.one_of(st.floats(0.0, 3000.0), st.sampled_from([0.0, 1e-300, 0.5, 40.0, 900.0])),
+       hosts=st.integers(-3, 4000))
+def test_a_reserve_said_to_be_surely_unneeded_has_no_price(mean: float, hosts: int) -> None:
+    """The bound that spares a reprice the Poisson sums only ever skips a reserve the sums leave unpriced."""
+    if surely_unneeded(mean, hosts):
+        assert round(demand_beyond(mean, hosts, RESERVE_DEPTH)[0] * RESERVE_LEVELS) == 0
+
+
+def test_the_bound_settles_the_reserves_far_from_needed() -> None:
+    assert surely_unneeded(5.0, 40) and surely_unneeded(0.0, 3) and surely_unneeded(300.0, 420)
+    # Near the mean, or with no place left, the sums decide.
+    assert not surely_unneeded(5.0, 9) and not surely_unneeded(300.0, 330) and not surely_unneeded(5.0, 0)
 
 
 def _priced_cluster() -> tuple[list[Node], WorkloadDistribution]:
