@@ -160,7 +160,7 @@ def surely_unneeded(mean: float, hosts: int) -> bool:
 
     Every bind reprices every reserve, and most of the time a reserve has many more places left than its pods
     still to come: the bound settles it without summing the Poisson terms (on gpuspec20 at 5,000 of openb's
-    nodes no reserve was priced in 3,000 binds, and the sums took 30 us each).
+    nodes no reserve was priced in 6,000 binds, and the sums had taken half of the 88 us each catch-up cost).
     """
     if hosts <= 0:
         return False
@@ -382,7 +382,7 @@ class ScarcityLookahead(FragmentationLookahead):
             self._mean_units = sum(p * s.gpu_count * s.per_gpu for s, p in histogram.items())
             self._cores_per_unit = cores_per_unit(histogram)
             # A reserve the target had before keeps its counts, which ``_observe`` kept up to date: counting every
-            # host anew cost each change of the target 1 ms at 5,000 of openb's nodes.
+            # host anew took a sixth of each change of target's 4.2 ms at 5,000 of openb's nodes.
             kept = {(r.shape, r.hosts): hosted for r, hosted in zip(self._reserves, self._hosted, strict=True)}
             self._reserves = self._confined(histogram)
             self._hosted = [kept.get((r.shape, r.hosts)) or {n: copies(self._nodes[n], r.shape) for n in r.hosts}
@@ -432,7 +432,8 @@ class ScarcityLookahead(FragmentationLookahead):
         reserves = []
         # The sizes whose GPUs may host a shape are found once per GPU demand, and kept until the sizes change: a
         # target's shapes differ mostly in CPU (on gpuspec20 67 shapes have 27 GPU demands), and checking each
-        # shape's GPUs against every size made each change of the target cost 8 ms at 5,000 of openb's nodes.
+        # shape's GPUs against every size took two thirds of each change of target's 4.2 ms at 5,000 of openb's
+        # nodes.
         version, sizes_for = self._sized_hosts
         if version != self._sizes_version or len(sizes_for) > MAX_SHAPES:
             sizes_for = {}
