@@ -60,9 +60,9 @@ from dataclasses import dataclass
 from itertools import accumulate, islice, repeat
 from operator import mul, sub
 
-from gpushare.contract import ModelRule, PodRequest
+from gpushare.contract import PodRequest
 from gpushare.model import Node
-from gpushare.policies.fgd import PRECISION
+from gpushare.policies.fgd import PRECISION, Demand
 from gpushare.policies.lookahead import FragmentationLookahead
 from gpushare.policies.workload import MAX_SHAPES, Shape, WorkloadDistribution
 
@@ -207,8 +207,6 @@ def stranded(idle: int, cpu_free: int, per_unit: float) -> float:
 
 # What decides whether a node may host a shape at all: its CPU and its healthy GPUs' models and sizes.
 _Size = tuple[int, tuple[tuple[str, int], ...]]
-# A shape's GPU count, memory per GPU and accepted models: what its GPUs ask of a size.
-_GPUDemand = tuple[int, int, ModelRule]
 
 
 def _size(node: Node) -> _Size:
@@ -290,7 +288,7 @@ class ScarcityLookahead(FragmentationLookahead):
         self._node_free: dict[str, dict[str, int]] = {}
         self._free: dict[str, int] = {}
         # Per GPU demand, the CPU and nodes of each size whose GPUs may host it (``_confined``), while the sizes last.
-        self._sized_hosts: tuple[int, dict[_GPUDemand, list[tuple[int, set[str]]]]] = (-1, {})
+        self._sized_hosts: tuple[int, dict[Demand, list[tuple[int, set[str]]]]] = (-1, {})
         self._reserves: tuple[_Reserve, ...] = ()
         self._hosted: list[dict[str, int]] = []  # per reserve: host node -> copies it could still take
         self._mean_units = 0.0
@@ -441,7 +439,7 @@ class ScarcityLookahead(FragmentationLookahead):
         for shape, probability in histogram.items():
             if shape.gpu_count == 0:
                 continue
-            demand = (shape.gpu_count, shape.per_gpu, shape.models)
+            demand = (shape.gpu_count, shape.per_gpu, shape.exclusive, shape.models)
             sizes = sizes_for.get(demand)
             if sizes is None:
                 sizes = sizes_for[demand] = [(size[0], names) for size, names in self._by_size.items()
