@@ -16,8 +16,13 @@ FROM ${PYTHON_IMAGE}${PYTHON_DIGEST:+@}${PYTHON_DIGEST} AS builder
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
+# A C compiler for mypyc, which compiles the placement policies (pyproject.toml lists them); the slim base has the
+# Python headers. Only the builder has it: the final stage copies the compiled venv.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 COPY requirements-build.txt requirements-image.txt ./
-# The build tools get their own venv (/opt/build): the pinned pip, hatchling and grpcio-tools, which build the
+# The build tools get their own venv (/opt/build): the pinned pip, hatchling, grpcio-tools and mypy, which build the
 # wheel. The runtime venv (/opt/gpushare) has no pip at all: /opt/build's pip installs into it with --python.
 RUN python -m venv /opt/build \
  && /opt/build/bin/pip install --require-hashes --no-deps --only-binary=:all: -r requirements-build.txt \

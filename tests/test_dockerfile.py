@@ -125,7 +125,8 @@ def test_copy_sources_exist_and_are_not_ignored() -> None:
 
 
 @pytest.mark.parametrize("path", [".venv", ".venv-helm", ".git", "build", "tests",
-                                  "gpushare/kubeletapi/deviceplugin_v1beta1_pb2.py"])
+                                  "gpushare/kubeletapi/deviceplugin_v1beta1_pb2.py",
+                                  "gpushare/policies/fgd.cpython-311-x86_64-linux-gnu.so", "gpushare/native.json"])
 def test_dockerignore_keeps_local_state_out(path: str) -> None:
     assert ignored(path)
 
@@ -153,6 +154,13 @@ def test_builder_stage_files_build_every_entry_point(tmp_path: Path) -> None:
         names = archive.namelist()
         entry_points = next(archive.read(n).decode() for n in names if n.endswith("entry_points.txt"))
     assert "gpushare/kubeletapi/deviceplugin_v1beta1_pb2.py" in names
+    # The placement hot path, compiled (pyproject.toml lists it), with the shared library of the group.
+    compiled = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["hooks"]["custom"][
+        "compiled"]
+    for source in [*compiled, "gpushare/native__mypyc.py"]:
+        stem = source.removesuffix(".py")
+        assert any(n.startswith(f"{stem}.") and n.endswith(".so") for n in names), f"{source} is not compiled"
+    assert not any(n.endswith("native.json") for n in names)
     for script in ENTRY_POINTS:
         assert re.search(rf"^{re.escape(script)} = ", entry_points, re.MULTILINE), script
 

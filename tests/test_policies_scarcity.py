@@ -171,8 +171,9 @@ def test_the_reserve_follows_the_nodes_observed_and_forgets_those_gone() -> None
     policy.observe_inventory(gpu_capacity(nodes))
     policy.observe_nodes(nodes)
     pod = PodRequest(per_gpu=1000, gpu_count=1, cpu_milli=12000)
-    # Nodes of one size share the record of it (a cluster has thousands of nodes and few sizes).
-    assert policy._sizes["small-0"] is policy._sizes["small-13"] and policy._sizes["big-0"] is policy._sizes["big-1"]
+    # Nodes of one size share the record of their GPUs (a cluster has thousands of nodes and few sizes).
+    sizes = policy._sizes
+    assert sizes["small-0"][1] is sizes["small-13"][1] and sizes["big-0"][1] is sizes["big-1"][1]
     big = nodes[0]
     kept = policy.evaluate(big, pod)
     version = policy.version

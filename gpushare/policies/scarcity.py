@@ -347,7 +347,9 @@ class ScarcityLookahead(FragmentationLookahead):
                 del self._by_size[old]
         if size is not None:
             names = self._by_size.setdefault(size, set())
-            if names:  # the nodes of one size share its tuple: 0.6 kB a node otherwise, at eight GPUs
+            # The nodes of one size share its tuple of GPUs: 0.6 kB a node otherwise, at eight GPUs (compiled, each
+            # node's pair of CPU and GPUs is a tuple of its own, around the shared one).
+            if names:
                 size = self._sizes[next(iter(names))]
             names.add(name)
             self._sizes[name] = size
@@ -491,7 +493,9 @@ class ScarcityLookahead(FragmentationLookahead):
                     cost += units * charge.get(gpu.model, 0.0)
             for reserve, price, now in hosting:
                 lost = now - copies(node, reserve.shape, request.cpu_milli, taken)
-                cost += reserve.units * sum(price[:lost])
+                # Started at 0.0, so that the sum is a float even when no copy is lost: mypyc's compiled product of
+                # an int and a "float or int" expects an int, and raised TypeError on the float.
+                cost += reserve.units * sum(price[:lost], 0.0)
             if node.cpu_milli:
                 after = stranded(idle - sum(taken.values()), cpu_free - request.cpu_milli, per_unit)
                 cost += BALANCE_WEIGHT * max(0.0, after - stranded_now)
