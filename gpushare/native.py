@@ -10,11 +10,18 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from collections.abc import Iterable
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 RECORD = Path(__file__).with_name("native.json")
+
+
+def write_record(record: Path, root: Path, modules: Iterable[str]) -> None:
+    """Record the hash of each of ``modules``' source under ``root``, as an editable build has just compiled it."""
+    record.write_text(json.dumps({module: _digest(_source(root, module)) for module in sorted(modules)}, indent=1)
+                      + "\n")
 
 
 def stale_modules(record: Path, root: Path) -> list[str]:
@@ -23,7 +30,7 @@ def stale_modules(record: Path, root: Path) -> list[str]:
         return []
     compiled: dict[str, str] = json.loads(record.read_text())
     return [module for module, digest in sorted(compiled.items())
-            if _digest(root / (module.replace(".", "/") + ".py")) != digest]
+            if _digest(_source(root, module)) != digest]
 
 
 def check_fresh() -> None:
@@ -40,6 +47,10 @@ def compiled() -> list[str]:
     return sorted(name for name, module in list(sys.modules.items())
                   if name.startswith("gpushare.") and str(getattr(module, "__file__", "")).endswith(
                       tuple(EXTENSION_SUFFIXES)))
+
+
+def _source(root: Path, module: str) -> Path:
+    return root / (module.replace(".", "/") + ".py")
 
 
 def _digest(path: Path) -> str:

@@ -1,28 +1,26 @@
 """Hatch build hook: generate the gRPC Python code from protos/, and compile the placement hot path with mypyc.
 
-The modules listed as ``compiled`` under ``[tool.hatch.build.hooks.custom]`` in pyproject.toml (the policies and the
-fit check that every filter runs) are compiled to C extensions with mypyc: a wheel carries them beside their
-sources, and an editable install builds them in place, where Python imports them before the ``.py`` files. The
-build records the hash of each source it compiled (``gpushare/native.py`` refuses to run stale ones). Without a C
+The modules listed as ``compiled`` under ``[tool.hatch.build.hooks.custom]`` in pyproject.toml (those a filter,
+prioritize and bind spend their time in) are compiled to C extensions with mypyc: a wheel carries them beside their
+sources, and an editable install builds them in place, where Python imports them before the ``.py`` files, and
+records the hash of each source it compiled (``gpushare/native.py`` refuses to run stale ones). Without a C
 compiler the build goes on without them, and says so: the same code then runs as Python, a third slower.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import importlib.util
 import os
 import shutil
 import sys
 import tempfile
 import warnings
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-# Written by an editable build beside the compiled modules: module -> sha256 of the source compiled.
-RECORD = "gpushare/native.json"
 # The shared library of the compiled modules, inside the package (mypyc names it after the group).
 GROUP = "gpushare.native"
 
@@ -45,8 +43,10 @@ class BuildHook(BuildHookInterface):  # type: ignore[type-arg]
 
         sources = list(self.config.get("compiled", []))
         editable = version == "editable"
+        native = _native(root)
         if editable:
             _remove_in_place(root, sources)
+            native.RECORD.unlink(missing_ok=True)
         if not sources:
             return
         with tempfile.TemporaryDirectory(prefix="gpushare-mypyc-") as scratch:
@@ -61,8 +61,7 @@ class BuildHook(BuildHookInterface):  # type: ignore[type-arg]
                 for path, relative in built:
                     (root / relative).write_bytes(path.read_bytes())
                     (root / relative).chmod(0o755)
-                record = {_module(source): _digest(root / source) for source in sources}
-                (root / RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+                native.write_record(native.RECORD, root, map(_module, sources))
                 return
             # A wheel: the extensions go in beside their sources, and the wheel is tagged for this platform.
             build_data["pure_python"] = False
@@ -74,7 +73,6 @@ class BuildHook(BuildHookInterface):  # type: ignore[type-arg]
                 kept.parent.mkdir(parents=True, exist_ok=True)
                 kept.write_bytes(path.read_bytes())
                 force_include[str(kept)] = relative
-
 
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
         if self._stored is not None:
@@ -110,7 +108,7 @@ def _compile(root: Path, sources: list[str], scratch: Path) -> list[tuple[Path, 
 
 def _remove_in_place(root: Path, sources: list[str]) -> None:
     """Drop what an earlier editable build left in the source tree, so that nothing stale outlives this build."""
-    for pattern in ("gpushare/native__mypyc.*", RECORD, *(str(Path(s).with_suffix(".*.so")) for s in sources)):
+    for pattern in ("gpushare/native__mypyc.*", *(str(Path(s).with_suffix(".*.so")) for s in sources)):
         for path in root.glob(pattern):
             path.unlink()
 
@@ -119,5 +117,11 @@ def _module(source: str) -> str:
     return str(Path(source).with_suffix("")).replace("/", ".")
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _native(root: Path) -> ModuleType:
+    """gpushare/native.py alone, which owns the record of what was compiled: importing the package would check the
+    very record this build replaces."""
+    spec = importlib.util.spec_from_file_location("gpushare_native_build", root / "gpushare" / "native.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import json
+import re
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
-
-import pytest
 
 from gpushare import native
 
@@ -34,15 +34,13 @@ def write_package(root: Path, sources: dict[str, str]) -> None:
         path.write_text(text)
 
 
-def digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def test_a_source_edited_since_it_was_compiled_is_stale(tmp_path: Path) -> None:
-    write_package(tmp_path, {"pkg.kept": "A = 1\n", "pkg.edited": "B = 2\n"})
+def test_a_source_edited_or_deleted_since_it_was_compiled_is_stale(tmp_path: Path) -> None:
+    write_package(tmp_path, {"pkg.kept": "A = 1\n", "pkg.edited": "B = 1\n", "pkg.deleted": "C = 1\n"})
     record = tmp_path / "native.json"
-    record.write_text(json.dumps({"pkg.kept": digest("A = 1\n"), "pkg.edited": digest("B = 1\n"),
-                                  "pkg.deleted": digest("C = 1\n")}))
+    native.write_record(record, tmp_path, ["pkg.kept", "pkg.edited", "pkg.deleted"])
+    assert native.stale_modules(record, tmp_path) == []
+    write_package(tmp_path, {"pkg.edited": "B = 2\n"})
+    (tmp_path / "pkg" / "deleted.py").unlink()
     assert native.stale_modules(record, tmp_path) == ["pkg.deleted", "pkg.edited"]
 
 
@@ -51,9 +49,16 @@ def test_without_a_record_nothing_was_compiled_in_place(tmp_path: Path) -> None:
     assert native.stale_modules(tmp_path / "native.json", tmp_path) == []
 
 
-def test_a_stale_build_stops_the_import_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    record = tmp_path / "native.json"
-    record.write_text(json.dumps({"gpushare.policies.fgd": digest("what was compiled once\n")}))
-    monkeypatch.setattr(native, "RECORD", record)
-    with pytest.raises(ImportError, match=r"gpushare\.policies\.fgd changed since .*pip install -e"):
-        native.check_fresh()
+def test_a_stale_build_stops_the_import_with_the_fix(tmp_path: Path) -> None:
+    """A copy of the package whose record says one compiled source was different: importing gpushare refuses."""
+    shutil.copytree(ROOT / "gpushare", tmp_path / "gpushare", ignore=shutil.ignore_patterns("__pycache__"))
+    record = tmp_path / "gpushare" / "native.json"
+    native.write_record(record, tmp_path, ["gpushare.policies.fgd", "gpushare.model"])
+    fresh = subprocess.run([sys.executable, "-c", "import gpushare"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60, check=False)
+    assert fresh.returncode == 0, fresh.stderr
+    (tmp_path / "gpushare" / "policies" / "fgd.py").write_text("# edited\n")
+    stale = subprocess.run([sys.executable, "-c", "import gpushare"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60, check=False)
+    assert stale.returncode == 1
+    assert re.search(r"ImportError: gpushare\.policies\.fgd changed since .*pip install -e", stale.stderr), stale.stderr
