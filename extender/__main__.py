@@ -39,14 +39,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(2) from None
     leader = config.leader
     loop_factory = _loop_factory()
+    compiled_modules = compiled()
     log.info("starting gpushare extender", extra={
         "version": __version__, "port": config.port, "policy": config.policy, "unit": config.unit.value,
         "event_loop": "asyncio" if loop_factory is None else "uvloop",
         "workload_seed": str(config.workload_seed) if config.workload_seed else None,
         "lease": f"{leader.namespace}/{leader.name}" if leader else None,
         "identity": leader.identity if leader else None, "advertise_url": leader.advertise_url if leader else None,
-        "compiled": compiled()})
-    if not compiled():
+        "compiled": compiled_modules})
+    if not compiled_modules:
         log.warning("the placement policies run as Python, not compiled: each filter costs about a third more CPU. "
                     "The install found no C compiler; install gcc and the Python headers, then install gpushare again")
     tls = _server_tls(config)

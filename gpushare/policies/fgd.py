@@ -56,6 +56,12 @@ SCORE_LEVELS = 100
 # One GPU demand of the target: GPU count, share per GPU, exclusive, accepted models. Many shapes differ only in
 # CPU, so F's GPU side is worked out once per demand, not once per shape.
 Demand = tuple[int, int, bool, ModelRule]
+
+
+def demand_of(shape: Shape) -> Demand:
+    return shape.gpu_count, shape.per_gpu, shape.exclusive, shape.models
+
+
 # What one set of pools offers the GPU demands numbered in a ``DemandSides``: the pools' idle memory, and per demand of
 # which a copy fits, four numbers in a row: the demand's number, the GPU memory it could use, how many copies of it the
 # GPUs could take, and the memory one copy takes. Model rules leave most demands without a copy on a node: only the
@@ -225,7 +231,7 @@ class FragmentationMeasure:
             if shape.gpu_count == 0:
                 cpu_only.append((shape.cpu_milli, weight))
             else:
-                demand = (shape.gpu_count, shape.per_gpu, shape.exclusive, shape.models)
+                demand = demand_of(shape)
                 shapes.setdefault(demand, []).append((shape.cpu_milli, weight))
         self._sides, self.numbers = shared.numbering(tuple(shapes))
         # Per demand its shapes' CPU and weight; the same for the shapes that need no GPU.

@@ -62,7 +62,7 @@ from operator import mul, sub
 
 from gpushare.contract import PodRequest
 from gpushare.model import Node
-from gpushare.policies.fgd import PRECISION, Demand
+from gpushare.policies.fgd import PRECISION, Demand, demand_of
 from gpushare.policies.lookahead import FragmentationLookahead
 from gpushare.policies.workload import MAX_SHAPES, Shape, WorkloadDistribution
 
@@ -441,7 +441,7 @@ class ScarcityLookahead(FragmentationLookahead):
         for shape, probability in histogram.items():
             if shape.gpu_count == 0:
                 continue
-            demand = (shape.gpu_count, shape.per_gpu, shape.exclusive, shape.models)
+            demand = demand_of(shape)
             sizes = sizes_for.get(demand)
             if sizes is None:
                 sizes = sizes_for[demand] = [(size[0], names) for size, names in self._by_size.items()
