@@ -241,6 +241,8 @@ class FragmentationMeasure:
         # Per demand's number its shapes by the rank of their CPU among the thresholds (what a state records).
         self._by_rank = self.by_number(Weights.of((bisect_left(self.thresholds, cpu), w) for cpu, w in pairs)
                                        for pairs in shapes.values())
+        # F per state, for this target only: a new target comes with a new measure, so no answer outlives its target.
+        self._memo: dict[StateKey, int] = {}
 
     def by_number(self, values: Iterable[T]) -> list[T | None]:
         """A table indexed by demand number: ``values`` in the order of the target's demands, ``None`` elsewhere."""
@@ -252,6 +254,15 @@ class FragmentationMeasure:
     def state(self, cpu_free: int, pools: tuple[Pool, ...]) -> StateKey:
         return (bisect_right(self.thresholds, cpu_free), pools)
 
+    def of(self, state: StateKey) -> int:
+        """``amount``, remembered."""
+        found = self._memo.get(state)
+        if found is None:
+            if len(self._memo) >= MEMO_LIMIT:
+                self._memo.clear()
+            found = self._memo[state] = self.amount(state)
+        return found
+
     def amount(self, state: StateKey) -> int:
         """F in memory units times ``PRECISION``."""
         cpu_class, pools = state
@@ -260,12 +271,12 @@ class FragmentationMeasure:
             return 0
         used = 0
         by_rank = self._by_rank
-        numbers = iter(hosted)
-        for demand, usable, _, _ in zip(numbers, numbers, numbers, numbers, strict=True):
-            ranks = by_rank[demand]
+        # An indexed loop over ints: compiled, it runs on machine integers (see ``CapacityMeasure.amount``).
+        for i in range(0, len(hosted), 4):
+            ranks = by_rank[hosted[i]]
             if ranks is not None:  # else no shape of the target wants it
                 # The shapes whose CPU the node still has: the others can use nothing.
-                used += ranks.below[bisect_left(ranks.keys, cpu_class)] * usable
+                used += ranks.below[bisect_left(ranks.keys, cpu_class)] * hosted[i + 1]
         return self.weight * idle - used
 
     def gpu_side(self, pools: tuple[Pool, ...]) -> GPUSide:
@@ -337,7 +348,6 @@ class FragmentationGradient:
         self.sides = sides if sides is not None else SharedSides()
         self._measure = self.measure_type(self.workload.target, self.sides)
         self._measure_version = self.workload.version
-        self._memo: dict[StateKey, int] = {}
         self._choices: dict[Hashable, GPUChoices | None] = {}
 
     @property
@@ -349,17 +359,17 @@ class FragmentationGradient:
         self.workload.observe(Shape.of(request))
 
     def measure(self) -> FragmentationMeasure:
-        """The measure for the current target workload (rebuilt, and the memo dropped, when it changes)."""
+        """The measure for the current target workload (rebuilt, with an empty memo, when it changes)."""
         if self._measure_version != self.workload.version:
             self._measure = self.measure_type(self.workload.target, self.sides)
             self._measure_version = self.workload.version
-            self._memo.clear()
         return self._measure
 
     def fragmentation(self, node: Node) -> float:
         """The node's expected fragmentation F under the current target workload, in memory units."""
+        measure = self.measure()
         pools = _pools(_rows(node.gpus), {})
-        return self._fragmentation(self._key(node, node.cpu_milli - node.cpu_used, pools)) / PRECISION
+        return measure.of(self._state(measure, node, node.cpu_milli - node.cpu_used, pools)) / PRECISION
 
     def evaluate(self, node: Node, request: PodRequest) -> Candidate | None:
         if not node.fits_host_resources(request):
@@ -369,13 +379,15 @@ class FragmentationGradient:
 
     def best(self, node: Node, request: PodRequest, view: GPUChoices) -> Candidate | None:
         """The best of the node's GPU choices for the request (CPU and memory already checked)."""
+        measure = self.measure()  # once: one target for the whole comparison
         cpu_free = node.cpu_milli - node.cpu_used
-        before = self._fragmentation(self._key(node, cpu_free, view.before))
+        before = measure.of(self._state(measure, node, cpu_free, view.before))
         gpu_size = view.largest or 1
         best: tuple[tuple[float, ...], tuple[int, ...]] | None = None
         costs = self.displacements(node, request, [taken for _, taken, _ in view.options])
         for (gpus, _, pools), cost in zip(view.options, costs, strict=True):
-            growth = self._fragmentation(self._key(node, cpu_free - request.cpu_milli, pools)) - before + cost
+            after = self._state(measure, node, cpu_free - request.cpu_milli, pools)
+            growth = measure.of(after) - before + cost
             rank = self.rank(growth, gpu_size)
             if best is None or rank > best[0]:
                 best = (rank, gpus)
@@ -440,14 +452,6 @@ class FragmentationGradient:
         gpus = growth / (PRECISION * self.measure().coverage * gpu_size)
         return (float(int(SCORE_LEVELS / (1.0 + math.exp(gpus)))),)
 
-    def _key(self, node: Node, cpu_free: int, pools: tuple[Pool, ...]) -> StateKey:
-        return self.measure().state(cpu_free if node.cpu_milli else UNLIMITED, pools)
-
-    def _fragmentation(self, key: StateKey) -> int:
-        measure = self.measure()
-        found = self._memo.get(key)
-        if found is None:
-            if len(self._memo) >= MEMO_LIMIT:
-                self._memo.clear()
-            found = self._memo[key] = measure.amount(key)
-        return found
+    @staticmethod
+    def _state(measure: FragmentationMeasure, node: Node, cpu_free: int, pools: tuple[Pool, ...]) -> StateKey:
+        return measure.state(cpu_free if node.cpu_milli else UNLIMITED, pools)
