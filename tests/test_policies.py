@@ -399,6 +399,23 @@ def test_a_measure_reading_the_gpu_sides_of_earlier_targets_gives_what_a_fresh_o
             assert learning.fragmentation(host) == fresh.fragmentation(host), kind.name
 
 
+def test_a_node_measured_under_one_target_is_measured_again_under_the_next() -> None:
+    """F is remembered per node state for one target only: a node in the same state after the policy learned a new
+    target gets the new target's F (the lookahead's state key, the exact free CPU and the pools, is the same under
+    both targets, so an answer kept across them would be found)."""
+    host = Node("n", [GPU(index=0, model="T4", total=1000, used=300, holders=1), GPU(index=1, model="T4", total=1000)],
+                cpu_milli=8000)
+    before = [(1, 500, 0, False, (), 5)]
+    after = [(1, 250, 4000, False, (), 4), (2, 1000, 0, False, (), 3)]
+    for kind in (FragmentationGradient, FragmentationLookahead):
+        learning = kind(_learned(before))
+        assert learning.fragmentation(host) == 0  # every share of the old target fits the node's idle memory
+        learning.workload.seed(_learned(after).histogram(), observations=1e6)
+        fresh = kind(_learned(before))
+        fresh.workload.seed(_learned(after).histogram(), observations=1e6)
+        assert learning.fragmentation(host) == fresh.fragmentation(host) > 0, kind.__name__
+
+
 def test_a_policy_numbers_demands_afresh_once_a_numbering_is_full_and_measures_the_same() -> None:
     """A workload that keeps bringing new GPU demands fills a numbering of them (``DEMANDS_LIMIT``); the next measure
     starts another, its GPU sides worked out again, and F is still what a policy that only knew its target gives,
