@@ -405,8 +405,9 @@ def test_a_node_measured_under_one_target_is_measured_again_under_the_next() -> 
     both targets, so an answer kept across them would be found)."""
     host = Node("n", [GPU(index=0, model="T4", total=1000, used=300, holders=1), GPU(index=1, model="T4", total=1000)],
                 cpu_milli=8000)
-    before = [(1, 500, 0, False, (), 5)]
-    after = [(1, 250, 4000, False, (), 4), (2, 1000, 0, False, (), 3)]
+    before: list[tuple[int, int, int, bool, tuple[str, ...], int]] = [(1, 500, 0, False, (), 5)]
+    after: list[tuple[int, int, int, bool, tuple[str, ...], int]] = [(1, 250, 4000, False, (), 4),
+                                                                     (2, 1000, 0, False, (), 3)]
     for kind in (FragmentationGradient, FragmentationLookahead):
         learning = kind(_learned(before))
         assert learning.fragmentation(host) == 0  # every share of the old target fits the node's idle memory
