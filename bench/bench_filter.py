@@ -1,0 +1,209 @@
+"""What the extender's filter costs by itself, in process: no HTTP, no API server, no other process on the cores.
+
+    .venv/bin/python -m bench.bench_filter [--nodes 5000] [--pods 6000] [--trace gpuspec20] [--policy fgd-scarcity]
+                                           [--data ../shared/data/openb] [--seed 42] [--window 500]
+
+The end-to-end rows of ``bench.bench_throughput`` move by a fifth with the machine's pace; this one measures the
+same work where little else runs. A ``ClusterCache`` holds ``--nodes`` of openb's nodes (the node list repeated,
+as ``--fleet openb`` builds them, every GPU 1000 MiB). For each of ``--pods`` pods drawn from ``--trace`` (their
+GPU share, model rule, CPU and memory), ``Verbs.filter`` answers a window of ``--window`` node names, each window
+starting where the last one ended, as kube-scheduler's rotating start does when every node is feasible; then the
+pod is reserved on the node filter chose, with GPUs chosen as bind chooses them, and the policies catch up, as
+bind does before its Binding. Two passes over the same pods, in this process, each choosing in filter (the
+extender's default: filter passes only the policy's favourite):
+
+* **binpack**, the baseline: a policy whose evaluation of a node is a few comparisons, so that the pass costs
+  what parsing, checking fit, looking up remembered scores and answering cost;
+* **``--policy``**, which scores afresh the node states it has no score for under what it has learned.
+
+Reported per pass: the filter's time per pod (mean, median, p99, parsing the request included), the node states the
+policy scored afresh per filter and the mean time of one such evaluation, the reservations' time per pod, and a
+hash of the choices (node and GPUs per pod: the same code and inputs give the same hash; a change that must not
+move decisions must not move it). The ratio is each pass's mean filter time to the baseline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+from tabulate import tabulate
+
+from bench import openb
+from bench.bench_throughput import cluster, manifest, percentile, trace_shapes
+from extender.app import FULL_COLLECTION_AFTER
+from extender.gang import Gangs
+from extender.placement import PolicyBook, RequestCache
+from extender.verbs import Verbs
+from extender.wire import parse_extender_args
+from gpushare.cache.gangs import GangIndex
+from gpushare.cache.state import ClusterCache, ReservationError
+from gpushare.contract import ANN_MEMORY_UNIT, RESOURCE_GPU_MEM, MemoryUnit, PodRequest, parse_request
+from gpushare.kube.api import PodGroups
+from gpushare.kube.convert import node_info
+from gpushare.localcluster.nodes import node_object
+from gpushare.model import Node
+from gpushare.policies import DEFAULT_POLICY, Candidate, Policy, policy_names
+
+# The baseline pass's policy: its evaluation of a node is a few comparisons.
+BASELINE = "binpack"
+
+
+class CountingBook(PolicyBook):
+    """The extender's policy book, counting the policy's evaluations of a node state and the time they take."""
+
+    def __init__(self, default: str) -> None:
+        super().__init__(default)
+        self.evaluations = 0
+        self.seconds = 0.0
+
+    def evaluate(self, policy: Policy, node: Node, request: PodRequest) -> Candidate | None:
+        started = time.perf_counter()
+        try:
+            return super().evaluate(policy, node, request)
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.evaluations += 1
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    setup: str
+    filter_ms: list[float]
+    reserve_ms: float
+    evaluations: int
+    evaluation_s: float
+    unplaced: int
+    choices: str
+
+
+def cluster_cache(nodes: int, data: Path) -> tuple[ClusterCache, list[str]]:
+    """openb's fleet of ``nodes`` nodes as the extender's watch would fill its cache, with every GPU in MiB."""
+    spec = cluster(nodes, "openb", data)
+    infos = []
+    for ordinal, node in enumerate(spec.nodes):
+        obj = node_object(node, ordinal, publish_inventory=True)
+        if node.gpus:  # advertised in MiB, as a device plugin running with --unit MiB does
+            memory = str(sum(g.memory_mib for g in node.gpus))
+            obj["status"]["capacity"][RESOURCE_GPU_MEM] = obj["status"]["allocatable"][RESOURCE_GPU_MEM] = memory
+            obj["metadata"]["annotations"][ANN_MEMORY_UNIT] = MemoryUnit.MiB.value
+        infos.append(node_info(obj))
+    cache = ClusterCache(MemoryUnit.MiB, tie_seed=42)
+    cache.replace_nodes(infos)
+    cache.replace_pods([])
+    return cache, [n.name for n in spec.nodes]
+
+
+def run_pass(policy: str, nodes: int, bodies: Sequence[bytes], data: Path) -> Pass:
+    cache, _ = cluster_cache(nodes, data)
+    book = CountingBook(policy)
+    requests = RequestCache()
+    gangs = Gangs(cache, GangIndex(), requests, book, PodGroups(client.ApiClient()), lambda *_: None,
+                  CollectorRegistry())
+    verbs = Verbs(cache, book, requests, gangs, choose_in_filter=True)
+    # As the extender does once its first list is in: the cache's objects out of the collector's way.
+    gc.collect()
+    gc.freeze()
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, FULL_COLLECTION_AFTER)
+    filter_ms, reserve_s, filter_evaluations, filter_seconds, unplaced = [], 0.0, 0, 0.0, 0
+    choices = hashlib.sha256()
+    for done, body in enumerate(bodies, 1):
+        started = time.perf_counter()
+        args = parse_extender_args(body)
+        answer = verbs.filter(args)
+        filter_ms.append(1000 * (time.perf_counter() - started))
+        filter_evaluations, filter_seconds = book.evaluations, book.seconds
+        passed = answer["NodeNames"] or []
+        started = time.perf_counter()
+        placed = None
+        if passed:
+            request = cache.resolve(parse_request(args.pod))
+            chosen = book.for_request(request)
+
+            def gpus(node: Node, chosen: Policy = chosen, request: PodRequest = request) -> tuple[int, ...] | None:
+                candidate = book.evaluate(chosen, node, request)
+                return None if candidate is None else candidate.gpus
+
+            try:
+                reservation = cache.reserve(passed[0], args.pod.key, args.pod.uid, request, gpus)
+                verbs.catch_up()
+                placed = (passed[0], reservation.placement.gpu_indices)
+            except ReservationError:
+                pass
+        reserve_s += time.perf_counter() - started
+        book.evaluations, book.seconds = filter_evaluations, filter_seconds  # only filter's evaluations count
+        unplaced += placed is None
+        choices.update(repr(placed).encode())
+        if done % 1000 == 0:
+            print(f"  {policy}: {done}/{len(bodies)} pods", file=sys.stderr, flush=True)
+    gc.unfreeze()
+    return Pass(policy, filter_ms, 1000 * reserve_s / len(bodies), book.evaluations, book.seconds, unplaced,
+                choices.hexdigest()[:12])
+
+
+def request_bodies(nodes: list[str], pods: int, trace: str, seed: int, window: int, data: Path) -> list[bytes]:
+    """ExtenderArgs as kube-scheduler sends them (nodeCacheCapable), each window after the last one."""
+    shapes = trace_shapes(data, trace, pods, seed, trace_host_requests=True, fleet="openb")
+    size = min(window, len(nodes))
+    bodies = []
+    for i, shape in enumerate(shapes):
+        pod = manifest(f"pod-{i:05d}", shape)
+        pod["metadata"].update(uid=f"uid-{i:05d}", resourceVersion="1")
+        start = i * size % len(nodes)
+        names = (nodes[start:] + nodes[:start])[:size]
+        bodies.append(orjson.dumps({"Pod": pod, "NodeNames": names}))
+    return bodies
+
+
+def table(passes: Sequence[Pass]) -> str:
+    base = statistics.mean(passes[0].filter_ms)
+    rows = []
+    for run in passes:
+        count = len(run.filter_ms)
+        mean = statistics.mean(run.filter_ms)
+        rows.append([run.setup, f"{mean:.3f}", f"{statistics.median(run.filter_ms):.3f}",
+                     f"{percentile(run.filter_ms, 0.99):.3f}", f"{mean / base:.2f}",
+                     f"{run.evaluations / count:.1f}",
+                     "-" if not run.evaluations else f"{1e6 * run.evaluation_s / run.evaluations:.1f}",
+                     f"{run.reserve_ms:.3f}", run.unplaced, run.choices])
+    return tabulate(rows, headers=["policy", "filter ms (mean)", "median", "p99", f"x {passes[0].setup}",
+                                   "states scored afresh per filter", "us per evaluation", "reserve ms per pod",
+                                   "unplaced", "choices"], tablefmt="github")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--pods", type=int, default=6000)
+    parser.add_argument("--trace", default="gpuspec20",
+                        help=f"the openb trace the pods are drawn from ({', '.join(openb.TRACES)}), or a pod list file")
+    parser.add_argument("--policy", default=DEFAULT_POLICY, choices=policy_names())
+    parser.add_argument("--data", type=Path, default=openb.DEFAULT_DATA, help="the openb folder")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--window", type=int, default=500, help="node names per filter request")
+    args = parser.parse_args(argv)
+    try:
+        openb.trace_path(args.data, args.trace)
+    except openb.TraceError as exc:
+        parser.error(str(exc))
+    _, names = cluster_cache(args.nodes, args.data)
+    bodies = request_bodies(names, args.pods, args.trace, args.seed, args.window, args.data)
+    passes = [run_pass(policy, args.nodes, bodies, args.data) for policy in (BASELINE, args.policy)]
+    print(f"{args.nodes} of openb's nodes, {args.pods} pods of openb's {openb.trace_name(args.trace)} trace, "
+          f"windows of {min(args.window, args.nodes)} names\n{table(passes)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
