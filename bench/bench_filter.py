@@ -87,7 +87,7 @@ class Pass:
     choices: str
 
 
-def cluster_cache(nodes: int, data: Path) -> tuple[ClusterCache, list[str]]:
+def cluster_cache(nodes: int, data: Path) -> ClusterCache:
     """openb's fleet of ``nodes`` nodes as the extender's watch would fill its cache, with every GPU in MiB."""
     spec = cluster(nodes, "openb", data)
     infos = []
@@ -101,11 +101,11 @@ def cluster_cache(nodes: int, data: Path) -> tuple[ClusterCache, list[str]]:
     cache = ClusterCache(MemoryUnit.MiB, tie_seed=42)
     cache.replace_nodes(infos)
     cache.replace_pods([])
-    return cache, [n.name for n in spec.nodes]
+    return cache
 
 
 def run_pass(policy: str, nodes: int, bodies: Sequence[bytes], data: Path) -> Pass:
-    cache, _ = cluster_cache(nodes, data)
+    cache = cluster_cache(nodes, data)
     book = CountingBook(policy)
     requests = RequestCache()
     gangs = Gangs(cache, GangIndex(), requests, book, PodGroups(client.ApiClient()), lambda *_: None,
@@ -116,14 +116,13 @@ def run_pass(policy: str, nodes: int, bodies: Sequence[bytes], data: Path) -> Pa
     gc.freeze()
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, FULL_COLLECTION_AFTER)
-    filter_ms, reserve_s, filter_evaluations, filter_seconds, unplaced = [], 0.0, 0, 0.0, 0
+    filter_ms, reserve_s, unplaced = [], 0.0, 0
     choices = hashlib.sha256()
     for done, body in enumerate(bodies, 1):
         started = time.perf_counter()
         args = parse_extender_args(body)
         answer = verbs.filter(args)
         filter_ms.append(1000 * (time.perf_counter() - started))
-        filter_evaluations, filter_seconds = book.evaluations, book.seconds
         passed = answer["NodeNames"] or []
         started = time.perf_counter()
         placed = None
@@ -132,7 +131,8 @@ def run_pass(policy: str, nodes: int, bodies: Sequence[bytes], data: Path) -> Pa
             chosen = book.for_request(request)
 
             def gpus(node: Node, chosen: Policy = chosen, request: PodRequest = request) -> tuple[int, ...] | None:
-                candidate = book.evaluate(chosen, node, request)
+                # The uncounted evaluation: only filter's are counted.
+                candidate = PolicyBook.evaluate(book, chosen, node, request)
                 return None if candidate is None else candidate.gpus
 
             try:
@@ -142,7 +142,6 @@ def run_pass(policy: str, nodes: int, bodies: Sequence[bytes], data: Path) -> Pa
             except ReservationError:
                 pass
         reserve_s += time.perf_counter() - started
-        book.evaluations, book.seconds = filter_evaluations, filter_seconds  # only filter's evaluations count
         unplaced += placed is None
         choices.update(repr(placed).encode())
         if done % 1000 == 0:
@@ -197,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         openb.trace_path(args.data, args.trace)
     except openb.TraceError as exc:
         parser.error(str(exc))
-    _, names = cluster_cache(args.nodes, args.data)
+    names = [node.name for node in cluster(args.nodes, "openb", args.data).nodes]
     bodies = request_bodies(names, args.pods, args.trace, args.seed, args.window, args.data)
     passes = [run_pass(policy, args.nodes, bodies, args.data) for policy in (BASELINE, args.policy)]
     print(f"{args.nodes} of openb's nodes, {args.pods} pods of openb's {openb.trace_name(args.trace)} trace, "
