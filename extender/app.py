@@ -323,7 +323,8 @@ def create_app(config: ExtenderConfig, kube: Kube) -> VerbRoutes:
             return BindOutcome(error=f"gpushare could not bind {who}: {config.max_binds} binds are already in "
                                      "flight (--max-concurrent-binds), as when the API server is slow; kube-scheduler "
                                      "will try again.")
-        future = bind_pool.submit(binder.bind, args)
+        # The reservation is made here, so that a filter read after this bind sees it; the API calls wait in a thread.
+        future = bind_pool.submit(binder.bind, args, binder.hold(args))
         # The slot is free when the thread is, not when the answer leaves: a stuck call keeps its slot.
         future.add_done_callback(lambda _: bind_slots.release())
         wait_s = config.bind_timeout_s + ANSWER_MARGIN_S

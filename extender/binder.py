@@ -1,6 +1,8 @@
 """bind: choose GPUs, hold them in the cache, then bind the pod to its node with them in one write.
 
-Order matters. The reservation comes first so that concurrent binds never pick the same memory. Then one
+Order matters. The reservation comes first so that concurrent binds never pick the same memory; it is made on the
+event loop as the request is read, from the watch's copy of the pod (``Binder.hold``), so that a filter kube-scheduler
+sends after the bind is answered with it, and only the calls to the API server wait in the bind's thread. Then one
 Binding carries the assignment as annotations, which the API server merges into the pod as it sets the node
 (so the device plugin never sees the pod on its node without them), with the pod's UID and the
 resourceVersion just read as preconditions: a pod changed since it was read is re-read and re-decided rather
@@ -55,6 +57,15 @@ class BindOutcome:
     gpus: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A bind's attempt up to its Binding: the pod as read, its request, and the reservation made for it."""
+
+    pod: PodInfo
+    request: PodRequest
+    reservation: Reservation
+
+
 class _Changed(Exception):
     """The pod changed between read and Binding; read it again and decide again."""
 
@@ -74,14 +85,28 @@ class Binder:
         self._reserved = reserved
         self.budget_s = budget_s
 
-    def bind(self, args: BindingArgs) -> BindOutcome:
+    def hold(self, args: BindingArgs) -> Hold | None:
+        """The first attempt's checks and reservation, in memory only (no API call): for the event loop, so that the
+        next filter sees the reservation. ``None`` when the watch does not show the pod waiting for a node (``bind``
+        reads it from the API server), or when nothing is to be reserved or the pod cannot be (``bind``'s first
+        attempt meets the same and answers it, with its Event)."""
+        seen = self._waiting(args)
+        if seen is None:
+            return None
+        try:
+            return self._hold(args, seen)
+        except Exception:  # the thread's first attempt meets it again: it answers it, and logs the unexpected
+            return None
+
+    def bind(self, args: BindingArgs, held: Hold | None = None) -> BindOutcome:
+        """Bind the pod as ``args`` ask, within the budget; ``held``: its first attempt's ``hold``, if one was made."""
         deadline = Deadline(self.budget_s)
         conflicts = 0
         who = f"pod {args.pod_namespace}/{args.pod_name} to node {args.node}"
         for attempt in range(MAX_ATTEMPTS):
             try:
                 # The first attempt reads the pod from the watch; after a conflict, from the API server.
-                gpus = self._attempt(args, deadline, fresh=attempt > 0)
+                gpus = self._attempt(args, deadline, fresh=attempt > 0, held=held if attempt == 0 else None)
             except _Changed:
                 conflicts += 1
                 continue
@@ -112,10 +137,25 @@ class Binder:
         self._pods.record_event(args.pod_namespace, args.pod_name, args.pod_uid, reason="GPUShareBindFailed",
                                 message=message, component=COMPONENT, timeout_s=deadline.left())
 
-    def _attempt(self, args: BindingArgs, deadline: Deadline, fresh: bool) -> tuple[int, ...]:
-        pod = self._read(args, deadline, fresh)
+    def _attempt(self, args: BindingArgs, deadline: Deadline, fresh: bool, held: Hold | None) -> tuple[int, ...]:
+        if held is None:
+            held = self._hold(args, self._read(args, deadline, fresh))
+            if held is None:
+                return ()  # kube-scheduler retried a bind that had already succeeded
+        reservation = held.reservation
+        try:
+            self._reserved()
+            self._bind(held.pod, held.request, reservation, args.node, deadline)
+        except BaseException:
+            if not reservation.gang:  # a gang's plan keeps its GPUs for the pod's next bind, until its timeout
+                self._cache.release(reservation)
+            raise
+        return reservation.placement.gpu_indices
+
+    def _hold(self, args: BindingArgs, pod: PodInfo) -> Hold | None:
+        """Check the pod just read and reserve its node's resources for it; ``None`` if it is bound there already."""
         if pod.node_name == args.node:
-            return ()  # kube-scheduler retried a bind that had already succeeded
+            return None
         if pod.node_name:
             raise _Failed(f"the pod is already bound to node {pod.node_name}")
         if not pod.is_active:
@@ -125,21 +165,13 @@ class Binder:
         request = self._cache.resolve(parse_request(pod))
         # A pod without GPUs is reserved too (CPU and memory only, no annotations), so that the next
         # decision already sees it.
-        reservation = self._reserve(pod, request, args.node)
-        try:
-            self._reserved()
-            self._bind(pod, request, reservation, args.node, deadline)
-        except BaseException:
-            if not reservation.gang:  # a gang's plan keeps its GPUs for the pod's next bind, until its timeout
-                self._cache.release(reservation)
-            raise
-        return reservation.placement.gpu_indices
+        return Hold(pod, request, self._reserve(pod, request, args.node))
 
     def _read(self, args: BindingArgs, deadline: Deadline, fresh: bool) -> PodInfo:
         """The pod as the watch shows it while it waits for a node; else (bound, unseen, another incarnation, or
         ``fresh``) as the API server says now."""
-        seen = None if fresh else self._pending.get(args.pod_namespace, args.pod_name)
-        if seen is not None and (not args.pod_uid or seen.uid == args.pod_uid):
+        seen = None if fresh else self._waiting(args)
+        if seen is not None:
             return seen
         try:
             pod = pod_info(self._pods.read(args.pod_namespace, args.pod_name, timeout_s=deadline.left()))
@@ -149,6 +181,11 @@ class Binder:
             raise _Failed(f"the pod was deleted and recreated (UID {pod.uid}, the scheduler asked for "
                           f"{args.pod_uid})")
         return pod
+
+    def _waiting(self, args: BindingArgs) -> PodInfo | None:
+        """The pod as the watch shows it waiting for a node, if it is the incarnation ``args`` name."""
+        seen = self._pending.get(args.pod_namespace, args.pod_name)
+        return seen if seen is not None and (not args.pod_uid or seen.uid == args.pod_uid) else None
 
     def _reserve(self, pod: PodInfo, request: PodRequest, node_name: str) -> Reservation:
         held = self._cache.gang_hold(pod.key)
