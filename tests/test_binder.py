@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 from kubernetes import client
+from test_cache_watch import used
 from test_extender_harness import T4, T4_MIB, create_pod, gpu_node, pod_body, read_pod, spec, wait_for
 
 from extender.binder import Binder
@@ -48,9 +49,6 @@ class Parts:
         self.pods = CountingPods(cluster.api_client())
         self.binder = Binder(self.pods, self.cache, PolicyBook("binpack"), self.watch.pending, lambda: None)
 
-    def used(self, node: str) -> list[int]:
-        return [g.used for g in self.cache.snapshot([node])[0].gpus]
-
     def waiting(self, pod: Obj) -> BindingArgs:
         """The bind's arguments for ``pod`` on t4x2, once the watch shows the pod waiting for a node."""
         name = pod["metadata"]["name"]
@@ -75,17 +73,17 @@ def test_hold_reserves_from_the_watch_and_bind_makes_only_the_binding_with_it(pa
     held = parts.binder.hold(args)
     # Reserved in memory, before any call to the API server.
     assert held is not None and (parts.pods.reads, parts.pods.bindings) == (0, 0)
-    assert sorted(parts.used("t4x2")) == [0, 15] and parts.cache.reservations() == 1
+    assert sorted(used(parts.cache, "t4x2")) == [0, 15] and parts.cache.reservations() == 1
     outcome = parts.binder.bind(args, held)
     assert outcome.error == "" and outcome.gpus == held.reservation.placement.gpu_indices
     # One Binding, and the GPUs held: no second reservation, no read.
     assert (parts.pods.reads, parts.pods.bindings) == (0, 1)
-    assert sorted(parts.used("t4x2")) == [0, 15]
+    assert sorted(used(parts.cache, "t4x2")) == [0, 15]
     stored = read_pod(parts.core, "whole")
     assert stored["spec"]["nodeName"] == "t4x2"
     assert stored["metadata"]["annotations"][ANN_IDX] == str(outcome.gpus[0])
     wait_for(lambda: parts.cache.reservations() == 0, "the watch to confirm the bind")
-    assert sorted(parts.used("t4x2")) == [0, 15]
+    assert sorted(used(parts.cache, "t4x2")) == [0, 15]
 
 
 def test_a_pod_that_cannot_be_held_is_left_to_the_bind_which_answers_why(parts: Parts) -> None:
