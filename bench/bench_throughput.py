@@ -4,7 +4,7 @@
                                                [--node-choices filter,prioritize]
                                                [--data ../shared/data/openb] [--trace default|FILE.csv]
                                                [--seed 42] [--host-requests fixed|trace]
-                                               [--fleet uniform|openb] [--scrape-interval 15]
+                                               [--fleet uniform|openb] [--scrape-interval 15] [--rounds 1]
 
 For each cluster size a local API server holds ``--nodes`` nodes. With ``--fleet uniform`` (the default) each has
 8 x 16 GiB GPUs, 96 CPUs and 768 GiB. ``--pods`` pending pods are created first, their GPU shapes drawn from an
@@ -22,6 +22,10 @@ rotating start, prioritize when more than one node passed, binds in the backgrou
 
 * **floor**: the same loop with no extender (it accounts ``aliyun.com/gpu-mem`` itself and binds directly), first
   and again after the last row: the machine's pace drifts over a run, so each ratio is to the mean of the two;
+  with ``--rounds N`` the rows below run N times, each round followed by the floor again, each row's ratio is to
+  the floors just before and after it, and a second table gives each setup's median pods/s and the median and
+  range of its ratios over the rounds (on this project's 2-core machine the floor alone moved between 417 and
+  299 pods/s within six minutes while the extender's rows between those floors held 274-277);
 * **null extender** (``bench.null_extender``): the loop through an extender that only passes the first name and
   makes the plain Binding, on the same HTTP stack: what the round trips cost, so that the gap between it and a
   policy's row is the extender's own work;
@@ -123,6 +127,11 @@ class Row:
     loop_cpu_ms_per_pod: float
     api_cpu_ms_per_pod: float
     full_collections: int | None = None  # the extender's full garbage collections while the row ran
+    round: int = 1  # which of ``--rounds`` it ran in
+
+    @property
+    def is_floor(self) -> bool:
+        return self.setup.startswith("floor")
 
 
 def progress(message: str) -> None:
@@ -373,8 +382,9 @@ class Run:
 
 
 def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]], seed: int,
-            workdir: Path, scrape_interval_s: float) -> list[Row]:
-    """The floor, the null extender, one row per (policy, node choice) of ``runs``, then the floor again."""
+            workdir: Path, scrape_interval_s: float, rounds: int = 1) -> list[Row]:
+    """The floor, then ``rounds`` times: the null extender, one row per (policy, node choice) of ``runs``, the floor
+    again."""
     rows = []
     progress(f"{nodes} nodes: starting the local API server")
     with api_server(nodes, fleet, data, workdir) as (kubeconfig, api_pid):
@@ -399,30 +409,35 @@ def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: S
             return Run(counted / seconds, done, loop, None if extender_s is None else per_pod_ms(extender_s, done),
                        per_pod_ms(loop_s, done), per_pod_ms(api_s, done))
 
-        def floor(prefix: str, what: str) -> Row:
+        def floor(prefix: str, what: str, round_: int) -> Row:
             run = scheduled(prefix, what, None, None)
             delete_pods(kube, core)
             return Row(f"{what}: no extender", run.pods_per_s, run.bound, None, None, None, None, None,
-                       run.loop_cpu_ms, run.api_cpu_ms)
+                       run.loop_cpu_ms, run.api_cpu_ms, round=round_)
 
-        rows.append(floor("floor", "floor"))
-        with null_extender(kubeconfig, workdir / f"null-extender-{nodes}.log") as (url, pid):
-            null = scheduled("null", "the null extender", url, pid)
-        rows.append(Row("null extender: HTTP and the Binding only", null.pods_per_s, null.bound,
-                        *loop_figures(null.loop), None, null.extender_cpu_ms, None, null.loop_cpu_ms, null.api_cpu_ms))
-        delete_pods(kube, core)
-        for policy, choice in runs:
-            what = f"{policy}, chosen in {choice}"
-            log = workdir / f"extender-{nodes}-{policy}-{choice}.log"
-            with extender(kubeconfig, policy, choice, seed, fleet, log) as (url, pid):
-                _, full_before = extender_figures(url)
-                run = scheduled(f"{policy}-{choice}", what, url + "/gpushare-scheduler", pid, url + "/metrics")
-                rss = proc_rss_mib(pid)
-                answered_ms, full_after = extender_figures(url)
-            rows.append(Row(what, run.pods_per_s, run.bound, *loop_figures(run.loop), answered_ms, run.extender_cpu_ms,
-                            rss, run.loop_cpu_ms, run.api_cpu_ms, full_after - full_before))
+        rows.append(floor("floor", "floor", 1))
+        for round_ in range(1, rounds + 1):
+            if rounds > 1:
+                progress(f"{nodes} nodes: round {round_} of {rounds}")
+            with null_extender(kubeconfig, workdir / f"null-extender-{nodes}.log") as (url, pid):
+                null = scheduled("null", "the null extender", url, pid)
+            rows.append(Row("null extender: HTTP and the Binding only", null.pods_per_s, null.bound,
+                            *loop_figures(null.loop), None, null.extender_cpu_ms, None, null.loop_cpu_ms,
+                            null.api_cpu_ms, round=round_))
             delete_pods(kube, core)
-        rows.append(floor("floor-again", "floor again"))
+            for policy, choice in runs:
+                what = f"{policy}, chosen in {choice}"
+                log = workdir / f"extender-{nodes}-{policy}-{choice}.log"
+                with extender(kubeconfig, policy, choice, seed, fleet, log) as (url, pid):
+                    _, full_before = extender_figures(url)
+                    run = scheduled(f"{policy}-{choice}", what, url + "/gpushare-scheduler", pid, url + "/metrics")
+                    rss = proc_rss_mib(pid)
+                    answered_ms, full_after = extender_figures(url)
+                rows.append(Row(what, run.pods_per_s, run.bound, *loop_figures(run.loop), answered_ms,
+                                run.extender_cpu_ms, rss, run.loop_cpu_ms, run.api_cpu_ms, full_after - full_before,
+                                round=round_))
+                delete_pods(kube, core)
+            rows.append(floor("floor-again", "floor again", round_))
     return rows
 
 
@@ -433,12 +448,30 @@ def loop_figures(loop: SchedulerLoop) -> tuple[tuple[float, float] | None, float
             percentile(binds, 0.99) if binds else None)
 
 
+def ratios(rows: Sequence[Row]) -> list[float]:
+    """Each row's pods/s against the floor: for a floor, the mean of every floor; for any other row, the mean of the
+    floors just before and after it (``measure`` brackets every round with floors), since the machine's pace drifts
+    from minute to minute."""
+    floors = [i for i, row in enumerate(rows) if row.is_floor]
+    overall = statistics.mean(rows[i].pods_per_s for i in floors)
+    out = []
+    for i, row in enumerate(rows):
+        if row.is_floor:
+            out.append(row.pods_per_s / overall)
+            continue
+        around = [rows[j].pods_per_s for j in (max((j for j in floors if j < i), default=None),
+                                              min((j for j in floors if j > i), default=None)) if j is not None]
+        out.append(row.pods_per_s / statistics.mean(around) if around else math.nan)
+    return out
+
+
 def table(rows: Sequence[Row]) -> str:
-    floor = statistics.mean(row.pods_per_s for row in rows if row.setup.startswith("floor"))
+    several = any(row.round > 1 for row in rows)
     body = []
-    for row in rows:
+    for i, (row, ratio) in enumerate(zip(rows, ratios(rows), strict=True)):
         cycle = f"{row.cycle_ms[0]:.1f} / {row.cycle_ms[1]:.1f}" if row.cycle_ms else "-"
-        body.append([row.setup, f"{row.pods_per_s:.0f}", f"{row.pods_per_s / floor:.2f}", row.scheduled, cycle,
+        label = f"{row.setup} (round {row.round})" if several and i else row.setup
+        body.append([label, f"{row.pods_per_s:.0f}", f"{ratio:.2f}", row.scheduled, cycle,
                      "-" if row.bind_p99_ms is None else f"{row.bind_p99_ms:.1f}",
                      "-" if row.filter_answer_ms is None else f"{row.filter_answer_ms:.2f}",
                      "-" if row.cpu_ms_per_pod is None else f"{row.cpu_ms_per_pod:.2f}",
@@ -449,6 +482,22 @@ def table(rows: Sequence[Row]) -> str:
                "filter handler ms (mean)", "extender CPU ms/pod", "extender RSS MiB", "extender full GCs",
                "loop CPU ms/pod", "API server CPU ms/pod"]
     return tabulate(body, headers=headers, tablefmt="github")
+
+
+def summary(rows: Sequence[Row]) -> str:
+    """Per setup other than the floor, over the rounds: the median pods/s and the median, lowest and highest of its
+    ratios to the floors around it."""
+    by_setup: dict[str, list[tuple[float, float]]] = {}
+    for row, ratio in zip(rows, ratios(rows), strict=True):
+        if not row.is_floor:
+            by_setup.setdefault(row.setup, []).append((row.pods_per_s, ratio))
+    body = []
+    for setup, runs in by_setup.items():
+        paces, ratios_ = [p for p, _ in runs], [r for _, r in runs]
+        body.append([setup, len(runs), f"{statistics.median(paces):.0f}", f"{statistics.median(ratios_):.2f}",
+                     f"{min(ratios_):.2f}-{max(ratios_):.2f}"])
+    return tabulate(body, headers=["setup", "rounds", "pods/s (median)", "x floor (median)", "x floor (range)"],
+                    tablefmt="github")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -472,6 +521,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scrape-interval", type=float, default=15.0, metavar="SECONDS",
                         help="how often each policy's extender's /metrics is scraped during its row, as Prometheus "
                              "would (0: never)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the null extender's and the policies' rows this many times, each round followed by "
+                             "the floor again, and summarise each setup's ratios over the rounds (default 1)")
     parser.add_argument("--serve-cluster", type=int, metavar="NODES", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -491,9 +543,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                  if args.fleet == "openb" else f"nodes x {NODE_GPUS} GPUs")
     with tempfile.TemporaryDirectory(prefix="gpushare-throughput-") as tmp:
         for nodes in (int(n) for n in args.nodes.split(",")):
-            rows = measure(nodes, args.fleet, args.data, shapes, runs, args.seed, Path(tmp), args.scrape_interval)
+            rows = measure(nodes, args.fleet, args.data, shapes, runs, args.seed, Path(tmp), args.scrape_interval,
+                           args.rounds)
             print(f"{nodes} {described}, pods of openb's {openb.trace_name(args.trace)} trace\n{table(rows)}",
                   flush=True)
+            if args.rounds > 1:
+                print(f"\nOver {args.rounds} rounds\n{summary(rows)}", flush=True)
             print(flush=True)
     return 0
 

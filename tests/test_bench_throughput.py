@@ -1,11 +1,13 @@
-"""The throughput benchmark's workload: pod shapes drawn from the trace the caller names."""
+"""The throughput benchmark: pod shapes drawn from the trace the caller names, and each row's ratio to the floor."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench import openb
-from bench.bench_throughput import Shape, cluster, manifest, trace_shapes
+from bench.bench_throughput import Row, Shape, cluster, manifest, ratios, summary, table, trace_shapes
 from gpushare.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, RESOURCE_GPU_MEM
 
 HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
@@ -45,3 +47,24 @@ def test_the_openb_fleet_repeats_the_node_list_and_its_pods_keep_their_share_and
     whole = manifest("q", Shape(per_gpu=1000, gpus=2))
     assert whole["metadata"]["annotations"] == {ANN_GPU_COUNT: "2"}
     assert whole["spec"]["containers"][0]["resources"]["limits"] == {RESOURCE_GPU_MEM: "2000"}
+
+
+def row(setup: str, pods_per_s: float, round_: int = 1) -> Row:
+    return Row(setup, pods_per_s, 100, None, None, None, None, None, 1.0, 1.0, round=round_)
+
+
+def test_each_row_is_measured_against_the_floors_just_before_and_after_it() -> None:
+    # One round, as before: both rows against the mean of the first floor and the last.
+    one = [row("floor: no extender", 400), row("null extender", 380), row("fgd-scarcity", 300),
+           row("floor again: no extender", 200)]
+    assert ratios(one) == pytest.approx([400 / 300, 380 / 300, 300 / 300, 200 / 300])
+    # Three rounds: each row against the floors around it, not a floor of another round.
+    three = [row("floor: no extender", 400), row("fgd-scarcity", 320, 1), row("floor again: no extender", 400, 1),
+             row("fgd-scarcity", 240, 2), row("floor again: no extender", 200, 2),
+             row("fgd-scarcity", 330, 3), row("floor again: no extender", 420, 3)]
+    assert ratios(three)[1::2] == pytest.approx([0.8, 0.8, 330 / 310])
+    text = summary(three)
+    assert len(text.splitlines()) == 3  # the header, its rule and one setup: no floor
+    cells = [cell.strip() for cell in text.splitlines()[-1].strip("|").split("|")]
+    assert cells[:3] == ["fgd-scarcity", "3", "320"] and float(cells[3]) == 0.8 and cells[4] == "0.80-1.06"
+    assert "fgd-scarcity (round 2)" in table(three) and "(round" not in table(one)
