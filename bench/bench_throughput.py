@@ -530,6 +530,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.serve_cluster is not None:
         serve_cluster(args.serve_cluster, args.fleet, args.data, args.kubeconfig_out)
         return 0
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, not {args.rounds}.")
     try:
         openb.trace_path(args.data, args.trace)
     except openb.TraceError as exc:

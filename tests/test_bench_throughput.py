@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench import openb
-from bench.bench_throughput import Row, Shape, cluster, manifest, ratios, summary, table, trace_shapes
+from bench.bench_throughput import Row, Shape, cluster, main, manifest, ratios, summary, table, trace_shapes
 from gpushare.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, RESOURCE_GPU_MEM
 
 HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
@@ -68,3 +68,9 @@ def test_each_row_is_measured_against_the_floors_just_before_and_after_it() -> N
     cells = [cell.strip() for cell in text.splitlines()[-1].strip("|").split("|")]
     assert cells[:3] == ["fgd-scarcity", "3", "320"] and float(cells[3]) == 0.8 and cells[4] == "0.80-1.06"
     assert "fgd-scarcity (round 2)" in table(three) and "(round" not in table(one)
+
+
+def test_fewer_than_one_round_is_refused_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--rounds", "0"])
+    assert exited.value.code == 2 and "--rounds must be at least 1, not 0." in capsys.readouterr().err
