@@ -13,7 +13,14 @@ from gpushare.contract import ModelRule, PodRequest
 from gpushare.model import GPU, Node
 from gpushare.policies import DEFAULT_POLICY, choose_node, extender_scores, make_policy, node_priority, policy_names
 from gpushare.policies.base import follows_cluster, follows_inventory
-from gpushare.policies.fgd import DEMANDS_LIMIT, PRECISION, FragmentationGradient
+from gpushare.policies.fgd import (
+    DEMANDS_LIMIT,
+    GPU_SIDE_NUMBERS_LIMIT,
+    PRECISION,
+    DemandSides,
+    FragmentationGradient,
+    Pool,
+)
 from gpushare.policies.lookahead import FragmentationLookahead
 from gpushare.policies.simple import Binpack, Spread
 from gpushare.policies.workload import Shape, WorkloadDistribution
@@ -397,6 +404,24 @@ def test_a_measure_reading_the_gpu_sides_of_earlier_targets_gives_what_a_fresh_o
         assert learning.workload.target == fresh.workload.target
         for host in nodes:
             assert learning.fragmentation(host) == fresh.fragmentation(host), kind.name
+
+
+def test_the_gpu_sides_of_many_demands_are_held_within_a_bound_on_their_numbers_and_stay_right() -> None:
+    """With a thousand distinct GPU shares (memory asked in MiB, each pod its own amount) each set of pools lists
+    thousands of numbers, so a store bounded by its entries alone held hundreds of MB: the numbers are bounded too,
+    and a side worked out after the store was emptied is the one a fresh store works out."""
+    demands = [(1, share, False, ModelRule()) for share in range(1, 1001)]
+    sides = DemandSides(demands)
+    pools_seen: list[tuple[Pool, ...]] = []
+    for i in range(1600):  # each side lists four numbers per share: past the bound after 750 sets of pools
+        frees = tuple(sorted((i * 7 + j * 131) % 1000 + 1000 for j in range(8)))
+        pools: tuple[Pool, ...] = (("T4", frees, ()),)
+        pools_seen.append(pools)
+        sides.side(pools, len(demands))
+        assert sum(len(hosted) for _, (_, hosted) in sides._sides.values()) <= GPU_SIDE_NUMBERS_LIMIT
+    assert len(sides._sides) < 1600
+    for pools in pools_seen[::97]:  # some were forgotten and worked out again, some never were
+        assert sides.side(pools, len(demands)) == DemandSides(demands).side(pools, len(demands))
 
 
 def test_a_node_measured_under_one_target_is_measured_again_under_the_next() -> None:

@@ -72,6 +72,12 @@ def demand_of(shape: Shape) -> Demand:
 # keeps a store under 60 MB.
 GPUSide = tuple[int, tuple[int, ...]]
 GPU_SIDES_LIMIT = 20_000
+# The numbers all entries hold together: a bound on the store's memory whatever the number of demands. With hundreds
+# of distinct GPU shares (memory asked in MiB, each pod its own amount) an entry lists a thousand numbers, and 5,130
+# entries held 5.4 million within 4,000 pods on 5,000 nodes. The openb traces' stores stay below it: gpuspec20's held
+# at most 359,000 in 4,938 entries over 6,000 pods (at the entry limit about 1.5 million), and one with three in five
+# GPU pods bound to models 592,000 in 4,143 (at the entry limit about 2.9 million).
+GPU_SIDE_NUMBERS_LIMIT = 3_000_000
 # Demands one numbering takes before the policy starts another (and works the GPU sides out again): as many as the
 # shapes a workload keeps, so that an entry lists no more demands than one target's measure did, and only a workload
 # whose shapes keep changing starts a new numbering, now and then.
@@ -111,6 +117,7 @@ class DemandSides:
         self._accepts: dict[str, tuple[bool, ...]] = {}
         # Per set of pools: how many demands its side covers (the first so many numbers), and the side.
         self._sides: dict[tuple[Pool, ...], tuple[int, GPUSide]] = {}
+        self._numbers_held = 0  # the length of every entry's side, summed
 
     def number(self, demands: Sequence[Demand]) -> list[int] | None:
         """The numbers of ``demands`` (distinct), numbering those new to it; ``None``, numbering none, when they would
@@ -136,9 +143,13 @@ class DemandSides:
         covered, (idle, hosted) = found if found is not None else (0, (sum(sum(frees) for _, frees, _ in pools), ()))
         numbered = len(self._demands)
         side = (idle, hosted + tuple(self._hosted(pools, range(covered, numbered))))
-        if len(self._sides) >= GPU_SIDES_LIMIT:
+        # An extended entry replaces the one it was worked out from.
+        held = self._numbers_held - len(hosted) + len(side[1])
+        if len(self._sides) >= GPU_SIDES_LIMIT or held > GPU_SIDE_NUMBERS_LIMIT:
             self._sides.clear()
+            held = len(side[1])
         self._sides[pools] = (numbered, side)
+        self._numbers_held = held
         return side
 
     def _accepted(self, model: str, numbered: int) -> tuple[bool, ...]:
