@@ -1,0 +1,123 @@
+"""Write a variant of an openb pod list with shapes the published traces do not have, for the benchmarks' --trace.
+
+    python -m bench.vary_trace --trace gpuspec20 [--data DIR] --out FILE [--seed 7]
+        [--spec-fraction 0.4 [--spec-from gpuspec20]] [--host-spread 0.5] [--share-range 50-999]
+
+The extender remembers fit answers and scores per pod shape, and the fgd policies' cost grows with the shapes
+they learn, so a workload with more shapes than the traces here costs more per pod. Per pod, in this order, each
+only when asked for:
+
+- ``--spec-fraction F``: a GPU pod gets, with probability F, the GPU model constraint (``gpu_spec``) of a
+  constrained pod of ``--spec-from`` drawn at random: more of the family's spec-constrained pods;
+- ``--host-spread S``: its CPU and memory requests are scaled by a factor drawn from [1 - S, 1 + S]: every pod
+  a CPU of its own, as in a cluster whose teams each pick their own;
+- ``--share-range LO-HI``: a pod sharing a GPU (0 < gpu_milli < 1000) gets a share drawn from LO-HI of the GPU's
+  1,000 units: GPU memory asked in MiB, each pod its own amount.
+
+Every other column is copied as it is. The file goes to ``--out``, never into the openb folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import random
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench import openb
+
+SHARE_UNITS = openb.GPU_UNITS
+
+
+def _share_range(text: str) -> tuple[int, int]:
+    low, _, high = text.partition("-")
+    try:
+        bounds = int(low), int(high)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--share-range takes LO-HI, two whole numbers of a GPU's {SHARE_UNITS} "
+                                         f"units such as 50-999, not {text!r}.") from None
+    if not 1 <= bounds[0] <= bounds[1] < SHARE_UNITS:
+        raise argparse.ArgumentTypeError(f"--share-range {text} must satisfy 1 <= LO <= HI < {SHARE_UNITS}: a share "
+                                         "of a whole GPU or more is not a shared GPU.")
+    return bounds
+
+
+def _fraction(text: str, option: str, below_one: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{option} takes a number, not {text!r}.") from None
+    if not (0 <= value < 1 if below_one else 0 <= value <= 1):
+        allowed = "at least 0 and below 1" if below_one else "from 0 to 1"
+        raise argparse.ArgumentTypeError(f"{option} must be {allowed}, not {text}.")
+    return value
+
+
+def vary(rows: list[dict[str, str]], specs: Sequence[str], rng: random.Random, spec_fraction: float,
+         host_spread: float, share_range: tuple[int, int] | None) -> list[dict[str, str]]:
+    """The rows with the asked-for changes, each pod's random draws made in the order the docstring gives."""
+    varied = []
+    for source in rows:
+        row = dict(source)
+        if spec_fraction and int(row["num_gpu"]) > 0 and rng.random() < spec_fraction:
+            row["gpu_spec"] = rng.choice(specs)
+        if host_spread:
+            for column in ("cpu_milli", "memory_mib"):
+                row[column] = str(max(1, int(int(row[column]) * rng.uniform(1 - host_spread, 1 + host_spread))))
+        if share_range is not None and 0 < int(row["gpu_milli"]) < SHARE_UNITS:
+            row["gpu_milli"] = str(rng.randint(*share_range))
+        varied.append(row)
+    return varied
+
+
+def _read(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        rows = list(reader)
+        columns = list(reader.fieldnames or [])
+    missing = [c for c in ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli") if c not in columns]
+    if not rows or missing:
+        raise openb.TraceError(f"{path} has no rows or lacks the columns {', '.join(missing)}; is it an openb file?")
+    return columns, rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=openb.DEFAULT_DATA, help="folder with the openb CSV files")
+    parser.add_argument("--trace", default="default", help="the openb trace to vary, or a pod list file")
+    parser.add_argument("--out", type=Path, required=True, help="CSV file to write")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--spec-fraction", type=lambda t: _fraction(t, "--spec-fraction", False), default=0.0)
+    parser.add_argument("--spec-from", default="gpuspec20", help="the trace whose constrained pods' gpu_spec is drawn")
+    parser.add_argument("--host-spread", type=lambda t: _fraction(t, "--host-spread", True), default=0.0)
+    parser.add_argument("--share-range", type=_share_range, default=None)
+    args = parser.parse_args(argv)
+    try:
+        columns, rows = _read(openb.trace_path(args.data, args.trace))
+        specs: list[str] = []
+        if args.spec_fraction:
+            spec_rows = _read(openb.trace_path(args.data, args.spec_from))[1]
+            specs = [row["gpu_spec"] for row in spec_rows if row.get("gpu_spec")]
+            if not specs:
+                raise openb.TraceError(f"The {args.spec_from} trace has no pod with a gpu_spec to draw from; pass "
+                                       "--spec-from a trace with constrained pods, such as gpuspec20.")
+    except (openb.TraceError, OSError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if "gpu_spec" not in columns:
+        columns.append("gpu_spec")
+    varied = vary(rows, specs, random.Random(args.seed), args.spec_fraction, args.host_spread, args.share_range)
+    with args.out.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(varied)
+    shapes = {(r["num_gpu"], r["gpu_milli"], r["cpu_milli"], r.get("gpu_spec", "")) for r in varied}
+    print(f"{len(varied)} pods of {openb.trace_name(args.trace)}, {len(shapes)} shapes (GPUs, share, CPU, models) "
+          f"-> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

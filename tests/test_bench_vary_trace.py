@@ -1,0 +1,94 @@
+"""Varied pod lists: only what was asked for changes, within the bounds given, the same seed gives the same file, and
+bad options are refused with a sentence that names them."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from bench import openb, vary_trace
+from bench.bench_filter import trace_shapes
+from tests.test_bench_throughput import write_pods
+
+PODS = [(4000, 8192, 1, 250, ""), (8000, 16384, 1, 500, ""), (16000, 32768, 2, 1000, ""), (2000, 4096, 0, 0, "")] * 10
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _vary(folder: Path, name: str, *options: str) -> list[dict[str, str]]:
+    out = folder / name
+    assert vary_trace.main(["--data", str(folder), "--trace", "default", "--out", str(out), *options]) == 0
+    return _rows(out)
+
+
+def test_each_change_touches_only_its_columns_and_pods_within_its_bounds(tmp_path: Path) -> None:
+    write_pods(tmp_path, "default", PODS)
+    write_pods(tmp_path, "gpuspec20", [(4000, 8192, 1, 500, "T4"), (4000, 8192, 1, 500, "G2|P100"),
+                                       (4000, 8192, 1, 500, "")])
+    original = _rows(tmp_path / openb.TRACES["default"])
+
+    shares = _vary(tmp_path, "shares.csv", "--share-range", "50-60")
+    for before, after in zip(original, shares, strict=True):
+        sharing = 0 < int(before["gpu_milli"]) < 1000
+        assert (50 <= int(after["gpu_milli"]) <= 60) if sharing else after["gpu_milli"] == before["gpu_milli"]
+        assert {k: v for k, v in after.items() if k != "gpu_milli"} == {k: v for k, v in before.items()
+                                                                         if k != "gpu_milli"}
+
+    hosts = _vary(tmp_path, "hosts.csv", "--host-spread", "0.5")
+    for before, after in zip(original, hosts, strict=True):
+        for column in ("cpu_milli", "memory_mib"):
+            assert int(int(before[column]) * 0.5) <= int(after[column]) <= int(before[column]) * 1.5
+        assert (after["num_gpu"], after["gpu_milli"], after["gpu_spec"]) == (
+            before["num_gpu"], before["gpu_milli"], before["gpu_spec"])
+    assert len({row["cpu_milli"] for row in hosts}) > len({row["cpu_milli"] for row in original})
+
+    specs = _vary(tmp_path, "specs.csv", "--spec-fraction", "1")
+    for before, after in zip(original, specs, strict=True):
+        expected = {"T4", "G2|P100"} if int(before["num_gpu"]) else {""}
+        assert after["gpu_spec"] in expected
+    # The benchmarks read the file: its GPU pods ask for the models drawn.
+    drawn = trace_shapes(tmp_path, str(tmp_path / "specs.csv"), 40, seed=1, fleet="openb")
+    assert all(shape.models for shape in drawn)
+
+
+def test_the_same_seed_writes_the_same_file_and_another_seed_another(tmp_path: Path) -> None:
+    write_pods(tmp_path, "default", PODS)
+    first = _vary(tmp_path, "a.csv", "--share-range", "1-999", "--host-spread", "0.3", "--seed", "3")
+    assert _vary(tmp_path, "b.csv", "--share-range", "1-999", "--host-spread", "0.3", "--seed", "3") == first
+    assert _vary(tmp_path, "c.csv", "--share-range", "1-999", "--host-spread", "0.3", "--seed", "4") != first
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    (["--share-range", "0-500"], "--share-range"),
+    (["--share-range", "600-500"], "--share-range"),
+    (["--share-range", "50-1000"], "--share-range"),
+    (["--share-range", "fifty"], "--share-range"),
+    (["--host-spread", "1"], "--host-spread"),
+    (["--host-spread", "-0.1"], "--host-spread"),
+    (["--spec-fraction", "1.5"], "--spec-fraction"),
+])
+def test_a_bad_option_is_refused_with_a_sentence_naming_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], named: str) -> None:
+    write_pods(tmp_path, "default", PODS)
+    with pytest.raises(SystemExit) as exited:
+        vary_trace.main(["--data", str(tmp_path), "--out", str(tmp_path / "x.csv"), *options])
+    assert exited.value.code == 2
+    assert f"argument {named}: {named}" in capsys.readouterr().err
+    assert not (tmp_path / "x.csv").exists()
+
+
+def test_a_trace_with_nothing_to_draw_from_is_refused_before_anything_is_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_pods(tmp_path, "default", PODS)
+    write_pods(tmp_path, "gpuspec20", [(4000, 8192, 1, 500, "")])
+    out = tmp_path / "x.csv"
+    assert vary_trace.main(["--data", str(tmp_path), "--out", str(out), "--spec-fraction", "0.5"]) == 2
+    assert "has no pod with a gpu_spec" in capsys.readouterr().err
+    assert vary_trace.main(["--data", str(tmp_path), "--trace", "missing.csv", "--out", str(out)]) == 2
+    assert "missing.csv" in capsys.readouterr().err
+    assert not out.exists()
