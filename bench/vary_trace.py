@@ -95,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--share-range", type=_share_range, default=None)
     args = parser.parse_args(argv)
     try:
+        openb.load_pods(args.data, args.trace)  # every number checked, a bad one named in a sentence
         columns, rows = _read(openb.trace_path(args.data, args.trace))
         specs: list[str] = []
         if args.spec_fraction:

@@ -91,4 +91,9 @@ def test_a_trace_with_nothing_to_draw_from_is_refused_before_anything_is_written
     assert "has no pod with a gpu_spec" in capsys.readouterr().err
     assert vary_trace.main(["--data", str(tmp_path), "--trace", "missing.csv", "--out", str(out)]) == 2
     assert "missing.csv" in capsys.readouterr().err
+    write_pods(tmp_path, "gpushare40", [(4000, 8192, 1, 250, "")])
+    broken = tmp_path / openb.TRACES["gpushare40"]
+    broken.write_text(broken.read_text().replace(",250,", ",a quarter,"))
+    assert vary_trace.main(["--data", str(tmp_path), "--trace", "gpushare40", "--out", str(out)]) == 2
+    assert "gpu_milli='a quarter'" in capsys.readouterr().err
     assert not out.exists()
