@@ -289,6 +289,33 @@ def test_reasons_give_memory_in_the_nodes_unit() -> None:
         "node(s) have 0 GPU(s) of 20000 MiB or more, the pod needs 1 (their largest GPU has 16384 MiB)")
 
 
+def test_nodes_in_one_state_share_a_reason_and_a_node_that_changed_is_judged_again() -> None:
+    """A pod that no node passes gets every failing node's reason, worded once per node state: forty nodes in one
+    state keep one reason, and a node whose state changed is judged on its new state, not given the old reason."""
+    cache = ClusterCache()
+    names = [f"n{i}" for i in range(40)]
+    for name in names:
+        cache.upsert_node(node_info(name, [16384, 16384]))
+        cache.upsert_pod(gpu_pod(f"held-{name}", 10, node=name, gpus=(0,), phase="Running"))
+        cache.upsert_pod(gpu_pod(f"also-{name}", 10, node=name, gpus=(1,), phase="Running"))
+    twelve = parse_request(gpu_pod("p", 12))
+    out = cache.filter(names, twelve)
+    assert not out.passed
+    assert out.failed == dict.fromkeys(names, "node(s) have 0 GPU(s) with 12 GiB free, the pod needs 1")
+    assert sum(map(len, cache._reason_tables.values())) == 1
+
+    cache.delete_pod(gpu_pod("held-n0", 10, node="n0", gpus=(0,), phase="Running"))
+    out = cache.filter(names, twelve)
+    assert out.passed == ["n0"]  # its new state fits: the remembered reason is not its own any more
+    assert out.failed == dict.fromkeys(names[1:], "node(s) have 0 GPU(s) with 12 GiB free, the pod needs 1")
+
+    twenty = parse_request(gpu_pod("q", 20))
+    out = cache.filter(names, twenty)
+    assert out.unresolvable == dict.fromkeys(
+        names, "node(s) have 0 GPU(s) of 20 GiB or more, the pod needs 1 (their largest GPU has 16 GiB)")
+    assert sum(map(len, cache._reason_tables.values())) == 1 + 2  # the second shape met two states
+
+
 @st.composite
 def clusters(draw: st.DrawFn) -> tuple[list[NodeInfo], list[PodInfo], PodInfo]:
     nodes = []

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import sys
 import threading
 from bisect import bisect_left, insort
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
@@ -43,24 +44,21 @@ from gpushare.preemption import Held, VictimSet, ViolationCount, find_victims, h
 
 log = logging.getLogger(__name__)
 
-# Distinct request shapes whose failure messages a node remembers until its state changes.
-MAX_REMEMBERED_REASONS = 64
-
 # Distinct keys (policy, request shape, learned-workload version) with a table of answers per node state, and distinct
-# request shapes with a table of the node states they fit; of each, the least recently used go first, an eighth of
-# the bound at a time. Pods vary in CPU and memory too: the openb trace has 126 shapes, gpuspec20 366 (275 once
-# memory is dropped for scoring), and every price a repricing policy moves to starts new keys. With 128 tables,
-# gpuspec20's filters started a fit table afresh (every state in the window judged again) for one pod in ten; with
-# 1,024, one in thirty. ``MAX_MEMO_ENTRIES`` bounds their memory.
+# request shapes (with a memory unit) with a table of the node states they fit (or why not); of each, the least
+# recently used go first, an eighth of the bound at a time. Pods vary in CPU and memory too: the openb trace has 126
+# shapes, gpuspec20 366 (275 once memory is dropped for scoring), and every price a repricing policy moves to starts
+# new keys. With 128 tables, gpuspec20's filters started a fit table afresh (every state in the window judged again)
+# for one pod in ten; with 1,024, one in thirty. ``MAX_MEMO_ENTRIES`` bounds their memory.
 MAX_ANSWER_TABLES = 1024
 # Answers one key's table holds, one per distinct node state asked about (1 MB or so when full). A full table drops
 # the answers for states no node is in any more (a node that returns to one is asked again), and is cleared whole
 # when live states still fill more than half of it.
 MAX_STATE_ANSWERS = 16_384
-# Answers all the tables of one kind (fit, answers) hold together, about 50 bytes each: when pods vary in CPU and
-# memory nearly every node is in a state of its own, and 128 full tables of each kind would take 190 MiB. Past this
-# the least recently used tables go first (down to seven eighths), checked every ``MEMO_CHECK_EVERY`` answers
-# remembered.
+# Answers all the tables of one kind (fit, answers, reasons) hold together, about 50 bytes each (a reason's sentence
+# is shared: few distinct ones recur): when pods vary in CPU and memory nearly every node is in a state of its own,
+# and 128 full tables of each kind would take 190 MiB. Past this the least recently used tables go first (down to
+# seven eighths), checked every ``MEMO_CHECK_EVERY`` answers remembered.
 MAX_MEMO_ENTRIES = 400_000
 MEMO_CHECK_EVERY = 4_096
 # Distinct node states numbered (state_signature -> id); forgotten whole when full. Ids are never reused, so a
@@ -108,7 +106,7 @@ class Reservation:
 class _Entry:
     """One node: its API view (``None`` once deleted or before it was seen) and its accounted state."""
 
-    __slots__ = ("affinity", "info", "lock", "name", "reasons", "state", "state_id")
+    __slots__ = ("affinity", "info", "lock", "name", "state", "state_id")
 
     def __init__(self, name: str) -> None:
         self.affinity: frozenset[str] = frozenset()
@@ -117,7 +115,6 @@ class _Entry:
         self.lock = threading.Lock()
         self.info: NodeInfo | None = None
         self.state = Node(name=name, gpus=[])
-        self.reasons: dict[tuple[Any, ...], tuple[bool, str]] = {}
         self.state_id = -1
 
 
@@ -138,6 +135,8 @@ class ClusterCache:
         self._index_lock = threading.Lock()
         # Request shape -> node state id -> whether the shape fits a node in that state.
         self._fit_tables: dict[Hashable, dict[int, bool]] = {}
+        # (request shape, memory unit) -> node state id -> why the shape does not fit there (unresolvable, reason).
+        self._reason_tables: dict[Hashable, dict[int, tuple[bool, str]]] = {}
         # Equal states share one id (``state_signature``), and a node gets a new one whenever it changes.
         self._state_ids: dict[Hashable, int] = {}
         self._next_state_id = 0
@@ -237,7 +236,7 @@ class ClusterCache:
                 out.left_out = failing
                 return out
             # Nominated pods hold every node that passed: the pod fails everywhere, so its reasons are read.
-        # Per-node work only for the nodes that fail, their reasons remembered until the node changes.
+        # Work only for the nodes that fail, their reasons remembered per node state (``_explain``).
         out = FilterOutcome(list(passed))
         self._explain(failing, request, out)
         return self._respect_nominated(out, request, pod_uid)
@@ -350,15 +349,28 @@ class ClusterCache:
         return self._table(self._fit_tables, shape_key(request))
 
     def _explain(self, names: list[str], request: PodRequest, out: FilterOutcome) -> None:
-        """Judge nodes on their full state and word the failures (remembered until the node changes)."""
+        """Judge nodes on their full state and word the failures, remembered per node state.
+
+        A reason names no node ("node(s) have ..."), so nodes in one state share it, as they share fit answers:
+        a pod no node of its window passes costs a wording per state, not per name. Kept per node, with two in five
+        GPU pods bound to models, they made the node entries 148 MB instead of the default trace's 76 at 15,000
+        nodes with 60,000 pods; per state, that run grew by 225 MB instead of 279. The unit is part of the key
+        (reasons give memory in the node's unit, which its state does not fix), and a node whose GPUs could not be
+        read is worded every time (its reason is its own).
+        """
         shape = shape_key(request)
+        tables: dict[MemoryUnit, dict[int, tuple[bool, str]]] = {}
         for name in names:
             entry = self._entries.get(name)
             if entry is None or name not in self._summaries:
                 out.failed[name] = ("node(s) are not in the gpushare extender's cache (not watched yet, or deleted); "
                                     "kube-scheduler will try again")
                 continue
-            known = entry.reasons.get(shape)  # lock-free: at worst the reason from just before a change
+            unit = entry.state.unit
+            table = tables.get(unit)
+            if table is None:
+                table = tables[unit] = self._table(self._reason_tables, (shape, unit))
+            known = table.get(entry.state_id)  # lock-free: at worst the reason from just before a change
             if known is None:
                 with entry.lock:
                     node = entry.state
@@ -366,10 +378,11 @@ class ClusterCache:
                         out.passed.append(name)
                         continue
                     unresolvable = node.unresolvable_reason(request)
-                    known = (True, unresolvable) if unresolvable else (False, node.failure_reason(request))
-                    if len(entry.reasons) >= MAX_REMEMBERED_REASONS:
-                        entry.reasons.clear()
-                    entry.reasons[shape] = known
+                    # Interned: the same few sentences recur across states and shapes.
+                    known = (True, sys.intern(unresolvable)) if unresolvable else (
+                        False, sys.intern(node.failure_reason(request)))
+                    if node.defect is None and node.unit is unit:
+                        self._remember(table, entry.state_id, known)
             (out.unresolvable if known[0] else out.failed)[name] = known[1]
 
     def evaluate(self, names: Iterable[str], read: Callable[[Node], T]) -> dict[str, T | None]:
@@ -535,7 +548,7 @@ class ClusterCache:
         table[state] = answer
         if next(self._remembered) % MEMO_CHECK_EVERY == 0:
             with self._index_lock:
-                for tables in (self._fit_tables, self._answer_tables):
+                for tables in (self._fit_tables, self._answer_tables, self._reason_tables):
                     _evict_least_used(tables, self._used, MAX_MEMO_ENTRIES, len)
 
     def _answer_table(self, key: Hashable) -> dict[int, Any]:
@@ -842,7 +855,6 @@ class ClusterCache:
 
     def _refresh(self, entry: _Entry) -> None:
         """Republish the node's summary and state id; call with its lock held after any change."""
-        entry.reasons.clear()
         gpus = list(map(gpu_signature, entry.state.gpus))
         name = entry.name
         summary = None if entry.info is None else summarise(entry.state)
