@@ -114,6 +114,9 @@ class TracePod:
                        containers=(container,))
 
 
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+
+
 def _rows(path: Path, columns: Iterable[str]) -> list[dict[str, str]]:
     try:
         with path.open(newline="") as handle:
@@ -160,10 +163,22 @@ def trace_name(trace: str) -> str:
 def load_pods(data_dir: Path = DEFAULT_DATA, trace: str = "default") -> list[TracePod]:
     """The pods of a named trace in ``data_dir`` or of a pod list file (same columns as openb's)."""
     path = trace_path(data_dir, trace)
+    return _pods(_rows(path, POD_COLUMNS), path)
+
+
+def pod_rows(data_dir: Path, trace: str) -> list[dict[str, str]]:
+    """The rows of ``load_pods``' file as read, every column kept (for writing a variant), their numbers checked."""
+    path = trace_path(data_dir, trace)
+    rows = _rows(path, POD_COLUMNS)
+    _pods(rows, path)
+    return rows
+
+
+def _pods(rows: Iterable[dict[str, str]], path: Path) -> list[TracePod]:
     return [TracePod(name=row["name"], cpu_milli=_int(row, "cpu_milli", path),
                      memory_mib=_int(row, "memory_mib", path), num_gpu=_int(row, "num_gpu", path),
                      gpu_milli=_int(row, "gpu_milli", path), gpu_spec=row.get("gpu_spec") or "")
-            for row in _rows(path, ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"))]
+            for row in rows]
 
 
 def capacity(nodes: Iterable[TraceNode]) -> int:

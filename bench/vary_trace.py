@@ -72,17 +72,6 @@ def vary(rows: list[dict[str, str]], specs: Sequence[str], rng: random.Random, s
     return varied
 
 
-def _read(path: Path) -> tuple[list[str], list[dict[str, str]]]:
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        rows = list(reader)
-        columns = list(reader.fieldnames or [])
-    missing = [c for c in ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli") if c not in columns]
-    if not rows or missing:
-        raise openb.TraceError(f"{path} has no rows or lacks the columns {', '.join(missing)}; is it an openb file?")
-    return columns, rows
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=openb.DEFAULT_DATA, help="folder with the openb CSV files")
@@ -95,18 +84,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--share-range", type=_share_range, default=None)
     args = parser.parse_args(argv)
     try:
-        openb.load_pods(args.data, args.trace)  # every number checked, a bad one named in a sentence
-        columns, rows = _read(openb.trace_path(args.data, args.trace))
+        rows = openb.pod_rows(args.data, args.trace)
         specs: list[str] = []
         if args.spec_fraction:
-            spec_rows = _read(openb.trace_path(args.data, args.spec_from))[1]
-            specs = [row["gpu_spec"] for row in spec_rows if row.get("gpu_spec")]
+            specs = [row["gpu_spec"] for row in openb.pod_rows(args.data, args.spec_from) if row.get("gpu_spec")]
             if not specs:
                 raise openb.TraceError(f"The {args.spec_from} trace has no pod with a gpu_spec to draw from; pass "
                                        "--spec-from a trace with constrained pods, such as gpuspec20.")
-    except (openb.TraceError, OSError) as exc:
+    except openb.TraceError as exc:
         print(exc, file=sys.stderr)
         return 2
+    columns = list(rows[0])
     if "gpu_spec" not in columns:
         columns.append("gpu_spec")
     varied = vary(rows, specs, random.Random(args.seed), args.spec_fraction, args.host_spread, args.share_range)
