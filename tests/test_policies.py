@@ -451,7 +451,8 @@ def test_a_policy_numbers_demands_afresh_once_a_numbering_is_full_and_measures_t
              for i, gpus in enumerate([[("T4", 0), ("T4", 500)], [("G2", 250), ("V100M16", 0), ("G2", 0)]])]
     before = [(1, 500, 0, False, (), 5), (2, 1000, 4000, False, ("T4",), 3)]
     after = [(1, 250, 4000, False, (), 4), (1, 500, 0, False, (), 2), (4, 1000, 0, True, ("G2",), 1)]
-    many = [(1, share, 1000, False, (), 1) for share in range(1, DEMANDS_LIMIT + 60)]
+    no_model: tuple[str, ...] = ()
+    many = [(1, share, 1000, False, no_model, 1) for share in range(1, DEMANDS_LIMIT + 60)]
     for kind in (FragmentationGradient, FragmentationLookahead):
         learning = kind(_learned(before))
         for host in nodes:
