@@ -44,7 +44,11 @@ time the extender's filter handler took by its own clock (its /metrics histogram
 is the HTTP round trip and waiting for a core), the extender's CPU seconds per pod (bind included, from /proc)
 and its resident memory at the end, its full garbage collections during the row (each a pause of every request in
 flight; from its /metrics), and the CPU per pod of the loop's process and of the API server's, so that
-what the extender adds to the machine can be read beside what kube-scheduler and the API server spend.
+what the extender adds to the machine can be read beside what kube-scheduler and the API server spend. Beside the
+loop's CPU, the nodes its own checks went through per cycle to find ``numFeasibleNodesToFind``: a policy that
+packs pods leaves more nodes full for the next pod's shape, so kube-scheduler passes over more of them, work the
+floor (which spreads pods by CPU, as kube-scheduler's default scoring does) and the null extender (which takes the
+first name, from a rotating start) do not have.
 While a policy's row runs, its extender's /metrics is scraped every ``--scrape-interval`` seconds, as Prometheus
 would (0: never), so that what a scrape costs the GPU path is in the figures. Progress goes to stderr; the table to
 stdout.
@@ -126,6 +130,7 @@ class Row:
     rss_mib: float | None
     loop_cpu_ms_per_pod: float
     api_cpu_ms_per_pod: float
+    nodes_checked: float  # the nodes the loop's own checks went through per cycle, on average
     full_collections: int | None = None  # the extender's full garbage collections while the row ran
     round: int = 1  # which of ``--rounds`` it ran in
 
@@ -413,7 +418,7 @@ def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: S
             run = scheduled(prefix, what, None, None)
             delete_pods(kube, core)
             return Row(f"{what}: no extender", run.pods_per_s, run.bound, None, None, None, None, None,
-                       run.loop_cpu_ms, run.api_cpu_ms, round=round_)
+                       run.loop_cpu_ms, run.api_cpu_ms, nodes_checked(run.loop), round=round_)
 
         rows.append(floor("floor", "floor", 1))
         for round_ in range(1, rounds + 1):
@@ -423,7 +428,7 @@ def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: S
                 null = scheduled("null", "the null extender", url, pid)
             rows.append(Row("null extender: HTTP and the Binding only", null.pods_per_s, null.bound,
                             *loop_figures(null.loop), None, null.extender_cpu_ms, None, null.loop_cpu_ms,
-                            null.api_cpu_ms, round=round_))
+                            null.api_cpu_ms, nodes_checked(null.loop), round=round_))
             delete_pods(kube, core)
             for policy, choice in runs:
                 what = f"{policy}, chosen in {choice}"
@@ -434,8 +439,8 @@ def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: S
                     rss = proc_rss_mib(pid)
                     answered_ms, full_after = extender_figures(url)
                 rows.append(Row(what, run.pods_per_s, run.bound, *loop_figures(run.loop), answered_ms,
-                                run.extender_cpu_ms, rss, run.loop_cpu_ms, run.api_cpu_ms, full_after - full_before,
-                                round=round_))
+                                run.extender_cpu_ms, rss, run.loop_cpu_ms, run.api_cpu_ms, nodes_checked(run.loop),
+                                full_after - full_before, round=round_))
                 delete_pods(kube, core)
             rows.append(floor("floor-again", "floor again", round_))
     return rows
@@ -446,6 +451,12 @@ def loop_figures(loop: SchedulerLoop) -> tuple[tuple[float, float] | None, float
     cycles, binds = loop.stats.extender_ms, loop.stats.bind_ms
     return ((statistics.median(cycles), percentile(cycles, 0.99)) if cycles else None,
             percentile(binds, 0.99) if binds else None)
+
+
+def nodes_checked(loop: SchedulerLoop) -> float:
+    """The nodes the loop's own checks went through per cycle, on average (``LoopStats.nodes_checked``)."""
+    checked = loop.stats.nodes_checked
+    return statistics.mean(checked) if checked else 0.0
 
 
 def ratios(rows: Sequence[Row]) -> list[float]:
@@ -477,10 +488,10 @@ def table(rows: Sequence[Row]) -> str:
                      "-" if row.cpu_ms_per_pod is None else f"{row.cpu_ms_per_pod:.2f}",
                      "-" if row.rss_mib is None else f"{row.rss_mib:.0f}",
                      "-" if row.full_collections is None else str(row.full_collections),
-                     f"{row.loop_cpu_ms_per_pod:.2f}", f"{row.api_cpu_ms_per_pod:.2f}"])
+                     f"{row.loop_cpu_ms_per_pod:.2f}", f"{row.nodes_checked:.0f}", f"{row.api_cpu_ms_per_pod:.2f}"])
     headers = ["setup", "pods/s", "x floor", "bound", "filter+prioritize ms (median / p99)", "bind p99 ms",
                "filter handler ms (mean)", "extender CPU ms/pod", "extender RSS MiB", "extender full GCs",
-               "loop CPU ms/pod", "API server CPU ms/pod"]
+               "loop CPU ms/pod", "loop nodes checked per cycle", "API server CPU ms/pod"]
     return tabulate(body, headers=headers, tablefmt="github")
 
 

@@ -50,7 +50,7 @@ def test_the_openb_fleet_repeats_the_node_list_and_its_pods_keep_their_share_and
 
 
 def row(setup: str, pods_per_s: float, round_: int = 1) -> Row:
-    return Row(setup, pods_per_s, 100, None, None, None, None, None, 1.0, 1.0, round=round_)
+    return Row(setup, pods_per_s, 100, None, None, None, None, None, 1.0, 1.0, 420.0, round=round_)
 
 
 def test_each_row_is_measured_against_the_floors_just_before_and_after_it() -> None:

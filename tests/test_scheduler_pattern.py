@@ -109,6 +109,23 @@ def test_filter_sees_the_first_feasible_nodes_from_a_rotating_start(recorder: tu
     assert first["NodeNames"] == [f"n{i:03d}" for i in range(100)]
     assert second["NodeNames"] == [f"n{i:03d}" for i in (*range(100, 150), *range(50))]
     assert len(record.verbs("prioritize")) == 2
+    assert loop.stats.nodes_checked == [100, 100]
+
+
+def test_a_cycle_counts_the_nodes_it_passed_over_to_find_enough_feasible_ones(recorder: tuple[Recorder, str]) -> None:
+    record, url = recorder
+    # The first 50 nodes have no GPU: a GPU pod fails the loop's own check there, and the cycle goes on to n149.
+    spec = ClusterSpec.model_validate({"nodes": [
+        {"name": f"n{i:03d}", "gpus": [] if i < 50 else [{"model": "T4", "memoryMiB": 15360}]} for i in range(150)]})
+    with LocalCluster(spec) as cluster:
+        core = client.CoreV1Api(cluster.api_client())
+        record.core = core
+        create_pod(core, pod_body("first", 1))
+        with SchedulerLoop(cluster.api_client(), url, seed=1) as loop:
+            assert loop.schedule_pod("first").scheduled
+    (_, first), = record.verbs("filter")
+    assert first["NodeNames"] == [f"n{i:03d}" for i in range(50, 150)]
+    assert loop.stats.nodes_checked == [150]
 
 
 def test_binds_run_in_the_background_while_the_next_pods_are_scheduled(recorder: tuple[Recorder, str]) -> None:
