@@ -6,9 +6,19 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpushare.contract import ModelRule, PodRequest
-from gpushare.policies.workload import Shape, WorkloadDistribution, count_shapes, dump_workload, load_workload
+from gpushare.policies.workload import (
+    Shape,
+    WorkloadDistribution,
+    count_shapes,
+    dump_workload,
+    load_workload,
+    share_class,
+)
+from gpushare.quantity import INT64_MAX
 
 SMALL = Shape(1, 250, cpu_milli=4000)
 WHOLE = Shape(1, 1000, cpu_milli=12000)
@@ -77,6 +87,32 @@ def test_shapes_of_requests_ignore_model_order_and_duplicates() -> None:
     assert count_shapes([a, b]) == {Shape.of(a): 2.0}
 
 
+@given(st.integers(min_value=0, max_value=INT64_MAX))
+def test_a_share_class_is_two_digits_at_most_a_tenth_below_the_share(share: int) -> None:
+    kept = share_class(share)
+    assert kept <= share < kept * 11 / 10 + 1
+    assert len(str(kept).rstrip("0")) <= 2 or kept < 100
+    assert share_class(kept) == kept
+
+
+def test_openb_shares_and_gib_shares_keep_their_value() -> None:
+    # openb's GPU shares: 50-810 thousandths of a GPU in steps of 10, whole GPUs of 1,000; shares in GiB are small.
+    for share in (*range(0, 100), *range(100, 1001, 10), 16, 80, 2000, 8000):
+        assert share_class(share) == share
+
+
+def test_pods_asking_their_own_mib_amounts_make_few_target_shapes() -> None:
+    # Sharing pods on 16 GiB cards, each asking its own amount: 3,000-3,099 MiB is one class, 16,384 counts as 16,000.
+    requests = [PodRequest(per_gpu=3000 + i, cpu_milli=1000) for i in range(100)] + [PodRequest(per_gpu=16384)]
+    assert count_shapes(requests) == {Shape(1, 3000, cpu_milli=1000): 100.0, Shape(1, 16000): 1.0}
+    distribution = WorkloadDistribution()
+    for request in requests[:100]:
+        distribution.observe(Shape.of(request))
+    assert [shape for shape, _ in distribution.target] == [Shape(1, 3000, cpu_milli=1000)]
+    # A seed file's shares are cut the same way, so seeded and learned shapes meet.
+    assert Shape.from_json({"gpuCount": 1, "perGPU": 3072, "cpuMilli": 1000}) == Shape(1, 3000, cpu_milli=1000)
+
+
 def test_seed_files_round_trip_in_yaml_and_json(tmp_path: Path) -> None:
     weights = {SMALL: 3.0, Shape(2, 1000, cpu_milli=16000, models=ModelRule(("g2", "g3"))): 1.0,
                Shape(1, 8, exclusive=True, models=ModelRule((), ("t4",), substring=True)): 0.5}
@@ -100,6 +136,8 @@ def test_seed_files_round_trip_in_yaml_and_json(tmp_path: Path) -> None:
     ("shapes: [{gpuCount: one}]", "Shape 0 of the workload seed .* is invalid"),
     ("shapes: [{gpuCount: 1, perGPU: 5, weight: -1}]", "Shape 0 .*weight must be a number from 0 to"),
     ("shapes: [{gpuCount: -1}]", "Shape 0 .*negative amounts"),
+    # Checked before the share is cut to two digits, which would bring it under the bound.
+    (f"shapes: [{{gpuCount: 1, perGPU: {INT64_MAX + 1}}}]", "Shape 0 .*perGPU and cpuMilli at most"),
 ])
 def test_bad_seed_files_are_refused_with_a_reason(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "seed.yaml"
