@@ -38,7 +38,7 @@ def share_class(per_gpu: int) -> int:
     Pods that ask GPU memory in MiB each ask an amount of their own, and kept exactly every pod would be a demand of
     its own: the target would hold up to ``MAX_SHAPES`` of them, and F's GPU side of a node lists every demand, so
     each scoring costs in proportion (a trace whose sharing pods drew their share from 50-999 units: 178 us per
-    evaluation against 64 with two digits). Rounding down keeps a class within a tenth below what its pods ask and
+    evaluation against 59 with two digits). Rounding down keeps a class within a tenth below what its pods ask and
     never makes one look as if it could not fit where they do. openb's shares (50-810 in steps of 10, whole GPUs of
     1,000) and shares in GiB (below 100) have at most two digits, so their targets do not move. Only the target is
     rounded: a pod's own fit, GPU choice and score read its exact request.
