@@ -276,6 +276,9 @@ def test_nodes_that_fail_alike_get_the_same_reason() -> None:
                                         "node(s) are not in the gpushare extender's cache (not watched yet, or "
                                         "deleted); kube-scheduler will try again"}
     assert len(out.failed) == 7
+    # Remembered per node state (five here), the reason is kept once: tables of many thousands of states share it.
+    kept = [reason for table in cache._reason_tables.values() for reason in table.values()]
+    assert len(kept) == 5 and len({id(reason) for reason in kept}) == 1
 
 
 def test_reasons_give_memory_in_the_nodes_unit() -> None:

@@ -26,7 +26,7 @@ from itertools import accumulate
 from operator import attrgetter
 from typing import TypeVar, cast
 
-from gpushare.contract import ModelRule, PodRequest
+from gpushare.contract import ModelRule, PodRequest, Sharing
 from gpushare.model import GPU, Node
 from gpushare.policies.base import Candidate, pick_gpus
 from gpushare.policies.workload import MAX_SHAPES, Shape, Target, WorkloadDistribution
@@ -38,8 +38,10 @@ StateKey = tuple[int, tuple[Pool, ...]]
 
 # The memo of F per node state is dropped when it grows past this many entries.
 MEMO_LIMIT = 200_000
-# The memo of GPU choices per (GPU state, request) likewise: about 1.7 KB an entry (36 MiB for the 22,468 of
-# a default-trace replay), so this bounds it near 33 MiB in the extender.
+# The memo of GPU choices per (GPU state, request) likewise. A key holds each GPU's fields as a tuple of nine and an
+# answer the pools after each choice: 1.4 kB a key and as much an answer when each had its own, 50 MiB for 20,000
+# entries at 15,000 of openb's nodes with 60,000 pods. A fleet has few distinct GPU rows and pools, so the entries kept
+# share them (``gpu_choices``).
 CHOICES_LIMIT = 20_000
 # A memo's answer for a key it has not seen (its answers may be None).
 _UNSEEN = object()
@@ -118,6 +120,11 @@ class DemandSides:
         # Per set of pools: how many demands its side covers (the first so many numbers), and the side.
         self._sides: dict[tuple[Pool, ...], tuple[int, GPUSide]] = {}
         self._numbers_held = 0  # the length of every entry's side, summed
+        # Each number the sides hold, as one object however many sides hold it: a million numbers over 9,000 sides
+        # took 863 distinct values (gpuspec20's pods with their CPU spread, 10,000 on 5,000 of openb's nodes), and an
+        # int object each cost 28 bytes beyond its place in the tuple. Typed ``object`` so that compiled code keeps
+        # the object kept here instead of boxing the value anew. Emptied with the store.
+        self._values: dict[object, object] = {}
 
     def number(self, demands: Sequence[Demand]) -> list[int] | None:
         """The numbers of ``demands`` (distinct), numbering those new to it; ``None``, numbering none, when they would
@@ -142,11 +149,14 @@ class DemandSides:
         # A side worked out before some demand was numbered is extended by those numbered since.
         covered, (idle, hosted) = found if found is not None else (0, (sum(sum(frees) for _, frees, _ in pools), ()))
         numbered = len(self._demands)
-        side = (idle, hosted + tuple(self._hosted(pools, range(covered, numbered))))
+        values = self._values
+        added: list[object] = [values.setdefault(n, n) for n in self._hosted(pools, range(covered, numbered))]
+        side = (idle, hosted + cast(tuple[int, ...], tuple(added)))
         # An extended entry replaces the one it was worked out from.
         held = self._numbers_held - len(hosted) + len(side[1])
         if len(self._sides) >= GPU_SIDES_LIMIT or held > GPU_SIDE_NUMBERS_LIMIT:
             self._sides.clear()
+            values.clear()
             held = len(side[1])
         self._sides[pools] = (numbered, side)
         self._numbers_held = held
@@ -324,7 +334,13 @@ def _pools(rows: Sequence[Row], changed: dict[int, int]) -> tuple[Pool, ...]:
 _GPU_FIELDS = attrgetter("index", "model", "total", "used", "compute_used", "holders", "exclusive", "healthy", "numa")
 
 
-def gpu_state(node: Node) -> Hashable:
+# A node's GPU state: per GPU its fields (``_GPU_FIELDS``), the GPUs' links and their sharing values.
+GPUState = tuple[tuple[Hashable, ...], Hashable, Hashable]
+# What the GPU choices for a request depend on: the GPU state and the request's GPU fields.
+ChoicesKey = tuple[GPUState, int, int, bool, int, ModelRule, Sharing, bool]
+
+
+def gpu_state(node: Node) -> GPUState:
     """Everything about a node's GPUs that the GPU choices of a placement read (``can_host``, ``_rows``,
     ``pick_gpus``' topology): the GPU half of ``model.state_signature``."""
     gpus = node.gpus
@@ -359,7 +375,11 @@ class FragmentationGradient:
         self.sides = sides if sides is not None else SharedSides()
         self._measure = self.measure_type(self.workload.target, self.sides)
         self._measure_version = self.workload.version
-        self._choices: dict[Hashable, GPUChoices | None] = {}
+        self._choices: dict[ChoicesKey, GPUChoices | None] = {}
+        # The GPU rows the keys of ``_choices`` hold and the pools its answers hold, each once (see ``CHOICES_LIMIT``),
+        # and the units taken of its answers' GPU choices likewise; emptied with it.
+        self._shared: dict[Hashable, Hashable] = {}
+        self._takens: dict[tuple[tuple[int, int], ...], dict[int, int]] = {}
 
     @property
     def version(self) -> int:
@@ -410,12 +430,16 @@ class FragmentationGradient:
         """The node's GPU side for the request (``None``: too few GPUs can host it), memoised per GPU state:
         most nodes a pod is weighed against share their GPU state with others, or with the same node before
         a target change."""
-        key = (gpu_state(node), request.gpu_count, request.per_gpu, request.exclusive, request.compute_percent,
-               request.models, request.sharing, request.affinity_held)
+        key: ChoicesKey = (gpu_state(node), request.gpu_count, request.per_gpu, request.exclusive,
+                           request.compute_percent, request.models, request.sharing, request.affinity_held)
         # One lookup, not two: the key, a tuple of tuples, is hashed anew at each.
         known = self._choices.get(key, _UNSEEN)
         if known is not _UNSEEN:
             return cast(GPUChoices | None, known)
+        if len(self._choices) >= CHOICES_LIMIT:
+            self._choices.clear()
+            self._shared.clear()
+            self._takens.clear()
         found: GPUChoices | None = None
         hosts = node.hosts(request) if request.gpu_count else []
         if len(hosts) >= request.gpu_count:
@@ -423,12 +447,27 @@ class FragmentationGradient:
             options = []
             for chosen in self.choices(hosts, request):
                 taken = {g.index: g.free if request.exclusive else request.per_gpu for g in chosen}
-                options.append((tuple(g.index for g in chosen), taken, _pools(rows, taken)))
-            found = GPUChoices(_pools(rows, {}), tuple(options), max((g.total for g in node.gpus), default=0))
-        if len(self._choices) >= CHOICES_LIMIT:
-            self._choices.clear()
-        self._choices[key] = found
+                taken = self._takens.setdefault(tuple(taken.items()), taken)
+                options.append((tuple(g.index for g in chosen), taken, self._shared_pools(_pools(rows, taken))))
+            found = GPUChoices(self._shared_pools(_pools(rows, {})), tuple(options),
+                               max((g.total for g in node.gpus), default=0))
+        self._choices[self._stored_key(key)] = found
         return found
+
+    def _stored_key(self, key: ChoicesKey) -> ChoicesKey:
+        """``key`` as the memo keeps it: each GPU's fields the tuple already kept for a GPU in that state, if any.
+        Equal to ``key``, so lookups with a fresh key find it; only misses pay the sharing."""
+        rows, links, sharing = key[0]
+        shared = self._shared
+        return ((tuple([shared.setdefault(row, row) for row in rows]), links, sharing), *key[1:])
+
+    def _shared_pools(self, pools: tuple[Pool, ...]) -> tuple[Pool, ...]:
+        """``pools`` with each pool the tuple already kept for an equal one, if any: a fleet's pools recur across
+        nodes and GPU choices (eight untouched GPUs of one model), and each held its own free amounts."""
+        shared = self._shared
+        # Read and kept as objects: compiled, a ``Pool`` is unboxed into a struct and boxed anew as a new tuple.
+        kept: list[Hashable] = [shared.setdefault(pool, pool) for pool in cast(tuple[Hashable, ...], pools)]
+        return cast(tuple[Pool, ...], tuple(kept))
 
     def choices(self, hosts: Sequence[GPU], request: PodRequest) -> Iterator[tuple[GPU, ...]]:
         """The GPU sets worth comparing: each distinct GPU for a one-GPU share; otherwise the best-connected
