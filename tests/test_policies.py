@@ -426,8 +426,8 @@ def test_the_gpu_sides_of_many_demands_are_held_within_a_bound_on_their_numbers_
 
 def test_the_memos_of_gpu_choices_and_gpu_sides_hold_each_distinct_row_pool_and_number_once() -> None:
     """What the memos keep is shared where it is equal: a fleet has few distinct GPU rows, pools and amounts, and kept
-    per entry they took most of the memos' 100 MiB at 15,000 nodes. Sharing must not change an answer: each node's is
-    the one a fresh policy gives."""
+    per entry they took most of the 92 MiB of the GPU choices and sides at 15,000 nodes. Sharing must not change an
+    answer: each node's is the one a fresh policy gives."""
     shapes = ((Shape(1, 300), 0.5), (Shape(1, 600), 0.3), (Shape(2, 1000), 0.2))
     kept = FragmentationLookahead(workload(*shapes))
     levels = (1000, 700, 400, 100)
