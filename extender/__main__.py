@@ -73,7 +73,7 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
     Every GPU pod costs kube-scheduler a filter round trip on its serial path, and the extender's event loop
     reads, dispatches and answers it: at kube-scheduler's pace uvloop cut that round trip by 0.1 ms and the
-    extender's CPU per pod by 4% (docs/extender.md, "Benchmarks").
+    extender's CPU per pod by 4% (docs/throughput-history.md, round 7).
     """
     try:
         import uvloop
