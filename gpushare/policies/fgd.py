@@ -149,15 +149,17 @@ class DemandSides:
         # A side worked out before some demand was numbered is extended by those numbered since.
         covered, (idle, hosted) = found if found is not None else (0, (sum(sum(frees) for _, frees, _ in pools), ()))
         numbered = len(self._demands)
-        values = self._values
-        added: list[object] = [values.setdefault(n, n) for n in self._hosted(pools, range(covered, numbered))]
-        side = (idle, hosted + cast(tuple[int, ...], tuple(added)))
+        new = self._hosted(pools, range(covered, numbered))
         # An extended entry replaces the one it was worked out from.
-        held = self._numbers_held - len(hosted) + len(side[1])
+        held = self._numbers_held + len(new)
+        values = self._values
         if len(self._sides) >= GPU_SIDES_LIMIT or held > GPU_SIDE_NUMBERS_LIMIT:
+            # Emptied before the new numbers are kept, so that the sides worked out next share them.
             self._sides.clear()
             values.clear()
-            held = len(side[1])
+            held = len(hosted) + len(new)
+        added: list[object] = [values.setdefault(n, n) for n in new]
+        side = (idle, hosted + cast(tuple[int, ...], tuple(added)))
         self._sides[pools] = (numbered, side)
         self._numbers_held = held
         return side
