@@ -428,6 +428,30 @@ def test_the_gpu_sides_of_many_demands_are_held_within_a_bound_on_their_numbers_
         assert sides.side(pools, len(demands)) == DemandSides(demands).side(pools, len(demands))
 
 
+def test_a_gpu_side_extended_as_it_fills_the_store_shares_its_numbers_with_the_sides_after_it() -> None:
+    """A side extended by newly numbered demands just as the store is full: the store is emptied, and the side's
+    numbers, those it already held included, are the objects the sides worked out next hold."""
+    demands = [(1, share, False, ModelRule()) for share in range(1, 501)]
+    later = [(1, share, False, ModelRule(include=("t4",))) for share in range(100, 112)]
+    sides = DemandSides(demands)
+    assert GPU_SIDE_NUMBERS_LIMIT % (4 * len(demands)) == 0  # so that the sides below fill the store exactly
+
+    def pools(i: int) -> tuple[Pool, ...]:
+        return (("T4", tuple(sorted((i + j * 251) % 1999 + 1000 for j in range(8))), ()),)  # distinct for i < 1999
+
+    for i in range(GPU_SIDE_NUMBERS_LIMIT // (4 * len(demands))):  # every share fits: four numbers each, to the bound
+        sides.side(pools(i), len(demands))
+    assert sides.number(later) is not None
+    covering = len(demands) + len(later)
+    extended = sides.side(pools(0), covering)
+    assert list(sides._sides) == [pools(0)]  # the extension emptied the store
+    for i in range(1600, 1610):
+        sides.side(pools(i), covering)
+    numbers = [n for _, (_, hosted) in sides._sides.values() for n in hosted if n > 256]
+    assert len({id(n) for n in numbers}) == len(set(numbers)) < len(numbers)
+    assert extended == DemandSides([*demands, *later]).side(pools(0), covering)
+
+
 def test_the_memos_of_gpu_choices_and_gpu_sides_hold_each_distinct_row_pool_and_number_once() -> None:
     """What the memos keep is shared where it is equal: a fleet has few distinct GPU rows, pools and amounts, and kept
     per entry they took most of the 92 MiB of the GPU choices and sides at 15,000 nodes. Sharing must not change an

@@ -154,10 +154,12 @@ class DemandSides:
         held = self._numbers_held + len(new)
         values = self._values
         if len(self._sides) >= GPU_SIDES_LIMIT or held > GPU_SIDE_NUMBERS_LIMIT:
-            # Emptied before the new numbers are kept, so that the sides worked out next share them.
+            # Emptied before this side's numbers are kept (those of the entry it extends too), so that the sides
+            # worked out next share them.
             self._sides.clear()
             values.clear()
             held = len(hosted) + len(new)
+            hosted = cast(tuple[int, ...], tuple([values.setdefault(n, n) for n in hosted]))
         added: list[object] = [values.setdefault(n, n) for n in new]
         side = (idle, hosted + cast(tuple[int, ...], tuple(added)))
         self._sides[pools] = (numbered, side)
