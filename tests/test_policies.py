@@ -406,6 +406,13 @@ def test_a_measure_reading_the_gpu_sides_of_earlier_targets_gives_what_a_fresh_o
             assert learning.fragmentation(host) == fresh.fragmentation(host), kind.name
 
 
+def _held_once(sides: DemandSides) -> bool:
+    """Whether the numbers the sides hold (those above CPython's cache of small ints) repeat, each value as one
+    object."""
+    numbers = [n for _, (_, hosted) in sides._sides.values() for n in hosted if n > 256]
+    return len({id(n) for n in numbers}) == len(set(numbers)) < len(numbers)
+
+
 def test_the_gpu_sides_of_many_demands_are_held_within_a_bound_on_their_numbers_and_stay_right() -> None:
     """With a thousand distinct GPU shares (memory asked in MiB, each pod its own amount) each set of pools lists
     thousands of numbers, so a store bounded by its entries alone held hundreds of MB: the numbers are bounded too,
@@ -422,8 +429,7 @@ def test_the_gpu_sides_of_many_demands_are_held_within_a_bound_on_their_numbers_
     assert len(sides._sides) < 1600
     # The side that found the store full keeps its numbers in the emptied store's table of values: those worked out
     # after it share them.
-    numbers = [n for _, (_, hosted) in sides._sides.values() for n in hosted if n > 256]
-    assert len({id(n) for n in numbers}) == len(set(numbers)) < len(numbers)
+    assert _held_once(sides)
     for pools in pools_seen[::97]:  # some were forgotten and worked out again, some never were
         assert sides.side(pools, len(demands)) == DemandSides(demands).side(pools, len(demands))
 
@@ -447,8 +453,7 @@ def test_a_gpu_side_extended_as_it_fills_the_store_shares_its_numbers_with_the_s
     assert list(sides._sides) == [pools(0)]  # the extension emptied the store
     for i in range(1600, 1610):
         sides.side(pools(i), covering)
-    numbers = [n for _, (_, hosted) in sides._sides.values() for n in hosted if n > 256]
-    assert len({id(n) for n in numbers}) == len(set(numbers)) < len(numbers)
+    assert _held_once(sides)
     assert extended == DemandSides([*demands, *later]).side(pools(0), covering)
 
 
@@ -468,8 +473,7 @@ def test_the_memos_of_gpu_choices_and_gpu_sides_hold_each_distinct_row_pool_and_
              for pools_ in (choices.before, *(after for _, _, after in choices.options)) for pool in pools_]
     assert len({id(row) for row in rows}) == len(set(rows)) < len(rows)
     assert len({id(pool) for pool in pools}) == len(set(pools)) < len(pools)
-    numbers = [n for _, (_, hosted) in kept.sides._sides._sides.values() for n in hosted if n > 256]
-    assert len({id(n) for n in numbers}) == len(set(numbers)) < len(numbers)
+    assert _held_once(kept.sides._sides)
 
 
 def test_a_node_measured_under_one_target_is_measured_again_under_the_next() -> None:

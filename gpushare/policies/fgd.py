@@ -159,7 +159,7 @@ class DemandSides:
             self._sides.clear()
             values.clear()
             held = len(hosted) + len(new)
-            hosted = cast(tuple[int, ...], tuple([values.setdefault(n, n) for n in hosted]))
+            new, hosted = [*hosted, *new], ()
         added: list[object] = [values.setdefault(n, n) for n in new]
         side = (idle, hosted + cast(tuple[int, ...], tuple(added)))
         self._sides[pools] = (numbered, side)
