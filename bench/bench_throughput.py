@@ -49,6 +49,9 @@ loop's CPU, the nodes its own checks went through per cycle to find ``numFeasibl
 packs pods leaves more nodes full for the next pod's shape, so kube-scheduler passes over more of them, work the
 floor (which spreads pods by CPU, as kube-scheduler's default scoring does) and the null extender (which takes the
 first name, from a rotating start) do not have.
+Last, per pod, the time that the two threads a pod's cycle passes through in turn, the loop's scheduling thread
+and the extender's event loop, spent runnable but waiting for a core (the kernel's schedstat): on a machine
+whose cores the three processes share, the part of the gap to the floor that is waiting rather than work.
 While a policy's row runs, its extender's /metrics is scraped every ``--scrape-interval`` seconds, as Prometheus
 would (0: never), so that what a scrape costs the GPU path is in the figures. Progress goes to stderr; the table to
 stdout.
@@ -88,7 +91,7 @@ from gpushare.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, RESOURCE_GPU_MEM, Me
 from gpushare.kube.api import Kube
 from gpushare.kube.client import load_configuration
 from gpushare.localcluster import LocalCluster
-from gpushare.localcluster.scheduler import SchedulerLoop
+from gpushare.localcluster.scheduler import SCHEDULING_THREAD, SchedulerLoop
 from gpushare.policies import DEFAULT_POLICY, policy_names
 
 NODE_GPUS = 8
@@ -133,6 +136,10 @@ class Row:
     nodes_checked: float  # the nodes the loop's own checks went through per cycle, on average
     full_collections: int | None = None  # the extender's full garbage collections while the row ran
     round: int = 1  # which of ``--rounds`` it ran in
+    # Time runnable but waiting for a core, per pod, of the two threads a pod's cycle passes through in turn:
+    # the loop's scheduling thread and the extender's event loop (None where not measured).
+    loop_wait_ms: float | None = None
+    extender_wait_ms: float | None = None
 
     @property
     def is_floor(self) -> bool:
@@ -203,9 +210,9 @@ def bound_count(kube: Kube) -> int:
 
 
 def run_loop(api: client.ApiClient, url: str | None, pods: int, seed: int, what: str
-             ) -> tuple[float, int, SchedulerLoop]:
-    """Start the loop over pods that already exist; the seconds until ``RATE_SHARE`` of them were bound, and how
-    many were bound by then.
+             ) -> tuple[float, int, SchedulerLoop, float | None]:
+    """Start the loop over pods that already exist; the seconds until ``RATE_SHARE`` of them were bound, how many
+    were bound by then, and the seconds its scheduling thread waited for a core over the whole run.
 
     A few pods may fit nowhere (kube-scheduler's own scoring spreads pods, so without an extender the whole-node
     pods of a large draw find no empty node) and then bind, if ever, only after retries and backoffs of up to
@@ -216,6 +223,7 @@ def run_loop(api: client.ApiClient, url: str | None, pods: int, seed: int, what:
     target = math.ceil(RATE_SHARE * pods)
     started = time.perf_counter()
     loop.start()
+    scheduling = next(t.native_id for t in threading.enumerate() if t.name == SCHEDULING_THREAD)
     last, last_change, done, reached = -1, started, 0, None
     while True:
         time.sleep(0.05)
@@ -229,14 +237,23 @@ def run_loop(api: client.ApiClient, url: str | None, pods: int, seed: int, what:
             last, last_change = done, now
         if done >= pods or now - last_change > 30:
             break
+    waited = thread_wait_s(os.getpid(), scheduling)
     loop.stop()
     seconds, counted = reached if reached is not None else (last_change - started, done)
-    return seconds, counted, loop
+    return seconds, counted, loop, waited
 
 
 def proc_cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_wait_s(pid: int, tid: int | None) -> float | None:
+    """The seconds the thread has spent runnable but waiting for a core (the kernel's schedstat), if it shows them."""
+    try:
+        return int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def proc_rss_mib(pid: int) -> float:
@@ -384,6 +401,8 @@ class Run:
     extender_cpu_ms: float | None
     loop_cpu_ms: float
     api_cpu_ms: float
+    loop_wait_ms: float | None
+    extender_wait_ms: float | None
 
 
 def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]], seed: int,
@@ -405,20 +424,28 @@ def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: S
             progress(f"{nodes} nodes: {what}, creating {len(shapes)} pods")
             create_pods(core, shapes, prefix)
             extender_before = proc_cpu_s(extender_pid) if extender_pid is not None else 0.0
+            # The extender's event loop is its main thread, whose id is the process's.
+            extender_wait_before = thread_wait_s(extender_pid, extender_pid) if extender_pid is not None else None
             loop_before, api_before = time.process_time(), proc_cpu_s(api_pid)
             with scraping(metrics_url, scrape_interval_s):
-                seconds, counted, loop = run_loop(client.ApiClient(configuration), url, len(shapes), seed, what)
+                seconds, counted, loop, loop_wait_s = run_loop(client.ApiClient(configuration), url, len(shapes),
+                                                               seed, what)
             loop_s, api_s = time.process_time() - loop_before, proc_cpu_s(api_pid) - api_before
             extender_s = proc_cpu_s(extender_pid) - extender_before if extender_pid is not None else None
+            extender_wait_after = thread_wait_s(extender_pid, extender_pid) if extender_pid is not None else None
             done = bound_count(kube)
+            extender_wait_ms = (per_pod_ms(extender_wait_after - extender_wait_before, done)
+                                if extender_wait_before is not None and extender_wait_after is not None else None)
             return Run(counted / seconds, done, loop, None if extender_s is None else per_pod_ms(extender_s, done),
-                       per_pod_ms(loop_s, done), per_pod_ms(api_s, done))
+                       per_pod_ms(loop_s, done), per_pod_ms(api_s, done),
+                       None if loop_wait_s is None else per_pod_ms(loop_wait_s, done), extender_wait_ms)
 
         def floor(prefix: str, what: str, round_: int) -> Row:
             run = scheduled(prefix, what, None, None)
             delete_pods(kube, core)
             return Row(f"{what}: no extender", run.pods_per_s, run.bound, None, None, None, None, None,
-                       run.loop_cpu_ms, run.api_cpu_ms, nodes_checked(run.loop), round=round_)
+                       run.loop_cpu_ms, run.api_cpu_ms, nodes_checked(run.loop), round=round_,
+                       loop_wait_ms=run.loop_wait_ms)
 
         rows.append(floor("floor", "floor", 1))
         for round_ in range(1, rounds + 1):
@@ -428,7 +455,8 @@ def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: S
                 null = scheduled("null", "the null extender", url, pid)
             rows.append(Row("null extender: HTTP and the Binding only", null.pods_per_s, null.bound,
                             *loop_figures(null.loop), None, null.extender_cpu_ms, None, null.loop_cpu_ms,
-                            null.api_cpu_ms, nodes_checked(null.loop), round=round_))
+                            null.api_cpu_ms, nodes_checked(null.loop), round=round_,
+                            loop_wait_ms=null.loop_wait_ms, extender_wait_ms=null.extender_wait_ms))
             delete_pods(kube, core)
             for policy, choice in runs:
                 what = f"{policy}, chosen in {choice}"
@@ -440,7 +468,8 @@ def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: S
                     answered_ms, full_after = extender_figures(url)
                 rows.append(Row(what, run.pods_per_s, run.bound, *loop_figures(run.loop), answered_ms,
                                 run.extender_cpu_ms, rss, run.loop_cpu_ms, run.api_cpu_ms, nodes_checked(run.loop),
-                                full_after - full_before, round=round_))
+                                full_after - full_before, round=round_, loop_wait_ms=run.loop_wait_ms,
+                                extender_wait_ms=run.extender_wait_ms))
                 delete_pods(kube, core)
             rows.append(floor("floor-again", "floor again", round_))
     return rows
@@ -488,11 +517,17 @@ def table(rows: Sequence[Row]) -> str:
                      "-" if row.cpu_ms_per_pod is None else f"{row.cpu_ms_per_pod:.2f}",
                      "-" if row.rss_mib is None else f"{row.rss_mib:.0f}",
                      "-" if row.full_collections is None else str(row.full_collections),
-                     f"{row.loop_cpu_ms_per_pod:.2f}", f"{row.nodes_checked:.0f}", f"{row.api_cpu_ms_per_pod:.2f}"])
+                     f"{row.loop_cpu_ms_per_pod:.2f}", f"{row.nodes_checked:.0f}", f"{row.api_cpu_ms_per_pod:.2f}",
+                     f"{_ms(row.loop_wait_ms)} / {_ms(row.extender_wait_ms)}"])
     headers = ["setup", "pods/s", "x floor", "bound", "filter+prioritize ms (median / p99)", "bind p99 ms",
                "filter handler ms (mean)", "extender CPU ms/pod", "extender RSS MiB", "extender full GCs",
-               "loop CPU ms/pod", "loop nodes checked per cycle", "API server CPU ms/pod"]
+               "loop CPU ms/pod", "loop nodes checked per cycle", "API server CPU ms/pod",
+               "waiting for a core ms/pod (loop's cycle / extender's event loop)"]
     return tabulate(body, headers=headers, tablefmt="github")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def summary(rows: Sequence[Row]) -> str:

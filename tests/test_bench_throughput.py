@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from bench import openb
-from bench.bench_throughput import Row, Shape, cluster, main, manifest, ratios, summary, table, trace_shapes
+from bench.bench_throughput import (
+    Row,
+    Shape,
+    cluster,
+    main,
+    manifest,
+    ratios,
+    summary,
+    table,
+    thread_wait_s,
+    trace_shapes,
+)
 from gpushare.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, RESOURCE_GPU_MEM
 
 HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
@@ -74,3 +90,24 @@ def test_fewer_than_one_round_is_refused_before_anything_starts(capsys: pytest.C
     with pytest.raises(SystemExit) as exited:
         main(["--rounds", "0"])
     assert exited.value.code == 2 and "--rounds must be at least 1, not 0." in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/proc/self/schedstat").exists(), reason="the kernel keeps no schedstat")
+def test_a_thread_kept_from_the_cores_shows_its_wait_and_one_that_is_gone_shows_none() -> None:
+    # Processes that never block, twice as many as the machine has cores, beside this thread spinning too.
+    me = threading.get_native_id()
+    before = thread_wait_s(os.getpid(), me)
+    spin = "import time\nend = time.monotonic() + 0.5\nwhile time.monotonic() < end: pass"
+    busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2 * (os.cpu_count() or 1))]
+    end = time.monotonic() + 0.5
+    while time.monotonic() < end:
+        pass
+    for process in busy:
+        process.wait(timeout=30)
+    after = thread_wait_s(os.getpid(), me)
+    assert before is not None and after is not None and after > before
+    assert thread_wait_s(os.getpid(), 2**22 + 7) is None  # above the kernel's largest thread id
+    waited = Row("fgd-scarcity", 300, 100, None, None, None, None, None, 1.0, 1.0, 420.0, loop_wait_ms=0.5,
+                 extender_wait_ms=0.25)
+    assert "0.50 / 0.25" in table([row("floor: no extender", 400), waited])
+    assert "0.50 / 0.25" not in table([row("floor: no extender", 400), row("fgd-scarcity", 300)])

@@ -103,6 +103,8 @@ MIN_CANDIDATE_NODES_PERCENTAGE = 10
 MIN_CANDIDATE_NODES_ABSOLUTE = 100
 # Host reasons that no eviction can cure: such nodes are never preemption candidates.
 UNRESOLVABLE = ("node(s) were not ready", "node(s) were unschedulable")
+# The name of the thread that runs the serial cycles, by which a benchmark finds it among the process's threads.
+SCHEDULING_THREAD = "scheduler-loop"
 
 
 def num_feasible_nodes_to_find(all_nodes: int, percentage_of_nodes_to_score: int = 0) -> int:
@@ -310,7 +312,7 @@ class SchedulerLoop:
         """Watch the cluster and schedule pending pods in the background until ``stop``."""
         self._ensure_watching()
         self._stop.clear()
-        self._worker = threading.Thread(target=self._run, name="scheduler-loop", daemon=True)
+        self._worker = threading.Thread(target=self._run, name=SCHEDULING_THREAD, daemon=True)
         self._worker.start()
 
     def stop(self) -> None:
