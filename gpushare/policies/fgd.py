@@ -210,8 +210,16 @@ def _offer(frees: tuple[int, ...], wholes: tuple[int, ...], per_gpu: int, exclus
     memory, and how many copies of a one-GPU share of ``per_gpu`` they take (0 for an exclusive demand, or none)."""
     if exclusive:
         return len(wholes), sum(wholes), 0
-    room = frees[bisect_left(frees, per_gpu):]
-    return len(room), sum(room), sum(free // per_gpu for free in room) if per_gpu > 0 else 0
+    # An indexed loop over ints: compiled, it runs on machine integers (a slice and a generator took a sixth more
+    # of a side worked out afresh, where a pool meets every share the demands ask).
+    first = bisect_left(frees, per_gpu)
+    usable = copies = 0
+    for j in range(first, len(frees)):
+        free = frees[j]
+        usable += free
+        if per_gpu > 0:
+            copies += free // per_gpu
+    return len(frees) - first, usable, copies
 
 
 class SharedSides:
