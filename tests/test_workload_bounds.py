@@ -80,6 +80,21 @@ def test_the_distinct_shapes_are_capped() -> None:
     assert Shape(gpu_count=1, per_gpu=MAX_SHAPES * 3 - 1) in workload.histogram()
 
 
+def test_a_full_histogram_makes_room_by_dropping_its_lightest_shape_not_its_oldest() -> None:
+    workload = WorkloadDistribution()
+    common = Shape(gpu_count=1, per_gpu=10_000)
+    for _ in range(50):
+        workload.observe(common)
+    for per_gpu in range(MAX_SHAPES - 1):
+        workload.observe(Shape(gpu_count=1, per_gpu=per_gpu))
+    workload.observe(Shape(gpu_count=1, per_gpu=MAX_SHAPES))
+    kept = workload.histogram()
+    assert len(kept) == MAX_SHAPES
+    # The first shape seen once weighs least (weights decay): it goes, the older shape seen fifty times stays.
+    assert Shape(gpu_count=1, per_gpu=0) not in kept
+    assert common in kept and Shape(gpu_count=1, per_gpu=1) in kept
+
+
 def test_a_seed_with_an_infinite_weight_is_refused() -> None:
     workload = WorkloadDistribution()
     try:
