@@ -513,8 +513,7 @@ def table(rows: Sequence[Row]) -> str:
         label = f"{row.setup} (round {row.round})" if several and i else row.setup
         body.append([label, f"{row.pods_per_s:.0f}", f"{ratio:.2f}", row.scheduled, cycle,
                      "-" if row.bind_p99_ms is None else f"{row.bind_p99_ms:.1f}",
-                     "-" if row.filter_answer_ms is None else f"{row.filter_answer_ms:.2f}",
-                     "-" if row.cpu_ms_per_pod is None else f"{row.cpu_ms_per_pod:.2f}",
+                     _ms(row.filter_answer_ms), _ms(row.cpu_ms_per_pod),
                      "-" if row.rss_mib is None else f"{row.rss_mib:.0f}",
                      "-" if row.full_collections is None else str(row.full_collections),
                      f"{row.loop_cpu_ms_per_pod:.2f}", f"{row.nodes_checked:.0f}", f"{row.api_cpu_ms_per_pod:.2f}",
@@ -527,6 +526,7 @@ def table(rows: Sequence[Row]) -> str:
 
 
 def _ms(value: float | None) -> str:
+    """A figure in milliseconds for the table, to two decimals; "-" where it was not measured."""
     return "-" if value is None else f"{value:.2f}"
 
 
