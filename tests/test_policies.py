@@ -279,6 +279,28 @@ def test_where_a_pod_fits_its_memory_request_changes_no_score(frees: list[int], 
     assert policy.evaluate(host, request) == policy.evaluate(host, replace(request, memory_mib=0))
 
 
+@pytest.mark.parametrize("name", ["fgd", "fgd-lookahead", "fgd-scarcity"])
+def test_fgd_weighs_a_share_by_its_class_on_the_gpus_its_exact_share_fits(name: str) -> None:
+    """Shares of one class (two significant digits, as the target keeps them) meet the same states after each
+    placement, so that F remembered for one serves the others; the GPUs compared are still those the exact share
+    fits, and where the same GPUs fit, the answers are the same."""
+    host = node("n", 1000, 575, 300)
+    policy = make_policy(name, workload((Shape(1, 570), 1.0), (Shape(1, 250), 1.0)))
+    if follows_inventory(policy):
+        policy.observe_inventory({"T4": 3000})
+    if follows_cluster(policy):
+        policy.observe_nodes([host])
+    assert isinstance(policy, FragmentationGradient)
+    low, high, beyond = (policy.gpu_choices(host, share(units)) for units in (571, 574, 578))
+    assert low is not None and high is not None and beyond is not None
+    assert [(gpus, pools) for gpus, _, pools in low.options] == [(gpus, pools) for gpus, _, pools in high.options]
+    assert [gpus for gpus, _, _ in low.options] == [(0,), (1,)]
+    assert [gpus for gpus, _, _ in beyond.options] == [(0,)]
+    assert policy.evaluate(host, share(571)) == policy.evaluate(host, share(574))
+    placed = policy.evaluate(host, share(578))
+    assert placed is not None and placed.gpus == (0,)
+
+
 def _fragment_by_definition(node: Node, target: list[tuple[Shape, float]], lookahead: bool) -> float:
     """F as the module docstrings define it, shape by shape and GPU by GPU: the idle memory a task of each shape
     could not use (FGD: one more task; the lookahead: as many as the GPUs and the free CPU allow), weighted."""

@@ -12,7 +12,9 @@ and ever coarser away from it; placements on the same level tie and go to node p
 cluster (on the openb default trace this is worth 0.95 points of unallocated GPU over exact comparison).
 
 Amounts are in the node's memory units and a task's share is absolute: a 4 GiB task needs 4 GiB free on
-any card. In the openb trace every GPU is modelled as 1000 units, so units are the paper's gpu_milli.
+any card. In the openb trace every GPU is modelled as 1000 units, so units are the paper's gpu_milli. A
+placement's growth is worked out with the pod's share cut to two significant digits (``share_class``), as the
+target keeps shares: every share of the openb traces and every whole number of GiB up to 99 is its own class.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import TypeVar, cast
 from gpushare.contract import ModelRule, PodRequest, Sharing
 from gpushare.model import GPU, Node
 from gpushare.policies.base import Candidate, pick_gpus
-from gpushare.policies.workload import MAX_SHAPES, Shape, Target, WorkloadDistribution
+from gpushare.policies.workload import MAX_SHAPES, Shape, Target, WorkloadDistribution, share_class
 
 # One model's GPUs on a node: the model, the free units of each GPU sorted, and those of untouched GPUs.
 Pool = tuple[str, tuple[int, ...], tuple[int, ...]]
@@ -458,7 +460,11 @@ class FragmentationGradient:
             rows = _rows(node.gpus)
             options = []
             for chosen in self.choices(hosts, request):
-                taken = {g.index: g.free if request.exclusive else request.per_gpu for g in chosen}
+                # Weighed with its share's class, as the target keeps its pods (``share_class``): pods whose
+                # shares differ by less than a class (memory asked in MiB, each its own amount) then meet the same
+                # states after, whose F is remembered, instead of one never met for each. The GPUs compared are
+                # those the exact share fits, and the bind takes the exact share.
+                taken = {g.index: g.free if request.exclusive else share_class(request.per_gpu) for g in chosen}
                 taken = self._takens.setdefault(tuple(taken.items()), taken)
                 options.append((tuple(g.index for g in chosen), taken, self._shared_pools(_pools(rows, taken))))
             found = GPUChoices(self._shared_pools(_pools(rows, {})), tuple(options),
