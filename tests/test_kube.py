@@ -221,16 +221,51 @@ def test_an_unreachable_server_is_unavailable_at_once(clean_env: Path, tmp_path:
     assert str(caught.value).endswith("; check the kubeconfig context and that the cluster is running.")
 
 
-def test_a_silent_server_is_unavailable_after_the_callers_timeout(clean_env: Path, tmp_path: Path) -> None:
-    with socket.socket() as silent:  # accepts connections (the backlog) and never answers
+@pytest.fixture
+def silent_url() -> Iterator[str]:
+    """The URL of a server that accepts connections (the backlog) and never answers."""
+    with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
-        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
-        kube = connect(kubeconfig(tmp_path / "config", {"silent": url}, "silent"))
-        with pytest.raises(Unavailable) as caught:
-            kube.nodes.read("node-0", timeout_s=0.2)
+        yield f"http://127.0.0.1:{silent.getsockname()[1]}"
+
+
+def test_a_silent_server_is_unavailable_after_the_callers_timeout(clean_env: Path, tmp_path: Path,
+                                                                  silent_url: str) -> None:
+    url = silent_url
+    kube = connect(kubeconfig(tmp_path / "config", {"silent": url}, "silent"))
+    with pytest.raises(Unavailable) as caught:
+        kube.nodes.read("node-0", timeout_s=0.2)
     assert str(caught.value) == (f"The API server at {url} did not answer within 0.2 s when asked to read node "
                                  "node-0; check that the cluster is running and not overloaded.")
+
+
+def test_a_bind_writes_node_and_annotations_once_and_fails_as_every_call_does(
+        kube: Kube, local: LocalCluster, clean_env: Path, tmp_path: Path, silent_url: str) -> None:
+    """The Binding's preconditions (uid, resourceVersion) hold, its annotations land with the node, and its
+    failures read as every other call's."""
+    client.CoreV1Api(local.api_client()).create_namespaced_pod("default", pod("to-bind"))
+    created = kube.pods.read("default", "to-bind")["metadata"]
+    with pytest.raises(Conflict, match="Precondition failed: UID in precondition: not-its-uid"):
+        kube.pods.bind("default", "to-bind", "not-its-uid", "node-1")
+    with pytest.raises(Conflict, match="Precondition failed: ResourceVersion in precondition: 1,"):
+        kube.pods.bind("default", "to-bind", created["uid"], "node-1", resource_version="1")
+    kube.pods.bind("default", "to-bind", created["uid"], "node-1", annotations={"example.com/gpu": "0"},
+                   resource_version=created["resourceVersion"])
+    bound = kube.pods.read("default", "to-bind")
+    assert bound["spec"]["nodeName"] == "node-1" and bound["metadata"]["annotations"] == {"example.com/gpu": "0"}
+    with pytest.raises(NotFound) as caught:
+        kube.pods.bind("default", "ghost", "", "node-1")
+    assert str(caught.value) == (f"Could not bind pod default/ghost to node node-1: the API server at {kube.host} "
+                                 'answered 404 Not Found (pods "ghost" not found).')
+    with pytest.raises(Unavailable, match=r"^There was no time left to bind pod default/ghost to node node-1 "):
+        kube.pods.bind("default", "ghost", "", "node-1", timeout_s=0)
+    unanswered = connect(kubeconfig(tmp_path / "config", {"silent": silent_url}, "silent"))
+    with pytest.raises(Unavailable) as timed_out:
+        unanswered.pods.bind("default", "to-bind", created["uid"], "node-1", timeout_s=0.2)
+    assert str(timed_out.value) == (f"The API server at {silent_url} did not answer within 0.2 s when asked to bind "
+                                    "pod default/to-bind to node node-1; check that the cluster is running and not "
+                                    "overloaded.")
 
 
 def test_a_caller_out_of_time_is_told_so_without_a_request(kube: Kube) -> None:
