@@ -1,6 +1,6 @@
 """Replay one seed of the openb trace end to end over HTTP, and check it decides as the in-process replay.
 
-    python -m bench.replay_http [--data DIR] [--trace default] [--seed 42] [--policy NAME] [--pods N]
+    python -m bench.replay_http [--data DIR] [--trace default|FILE.csv] [--seed 42] [--policy NAME] [--pods N]
 
 The cluster is the trace's (``openb.cluster_spec``: GPUs of 1000 MiB) in a ``LocalCluster``; the extender
 runs as its own process (``python -m extender --unit MiB --tie-seed SEED --policy P --workload-seed FILE``),
@@ -260,7 +260,9 @@ def _describe(decision: replay.Decision) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=openb.DEFAULT_DATA, help="folder with the openb CSV files")
-    parser.add_argument("--trace", choices=sorted(openb.TRACES), default="default")
+    parser.add_argument("--trace", default="default",
+                        help=f"an openb trace of --data ({', '.join(openb.TRACES)}), or a pod list file of the same "
+                             "columns on --data's nodes (bench.vary_trace writes such files)")
     parser.add_argument("--seed", type=int, default=openb.SEEDS[0])
     parser.add_argument("--policy", choices=policy_names(), default=DEFAULT_POLICY)
     parser.add_argument("--pods", type=int, default=None, help="replay only the first N pods of the arrival order")
@@ -283,8 +285,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     every_pod, _ = replay_in_process(trace_nodes, trace_pods, order, args.policy, args.seed, every_pod_shown=True)
     against_every_pod = compare(every_pod, outcome.decisions)
     cpu_only = sum(1 for p in order if not p.num_gpu)
-    print(f"openb {args.trace} trace, seed {args.seed}, policy {args.policy}: {len(order)} pods replayed over HTTP "
-          f"({cpu_only} CPU-only, placed through the extender like the rest; {len(trace_nodes)} nodes)")
+    print(f"openb {openb.trace_name(args.trace)} trace, seed {args.seed}, policy {args.policy}: {len(order)} pods "
+          f"replayed over HTTP ({cpu_only} CPU-only, placed through the extender like the rest; "
+          f"{len(trace_nodes)} nodes)")
     print(f"identical decisions (node and GPU indices): {comparison.identical}/{comparison.pods} "
           f"({comparison.percent:.2f}%)")
     if comparison.first_divergence is None:

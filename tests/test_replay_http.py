@@ -31,6 +31,7 @@ SHAPES = [  # cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec
     (16000, 65536, 2, 1000, ""),  # several GPUs
     (4000, 8192, 1, 500, "V100M16|V100M32"),  # a model rule
     (3000, 8192, 1, 700, ""),
+    (2000, 8192, 1, 573, ""),  # a share of three digits, weighed with its class (570)
 ]
 
 
