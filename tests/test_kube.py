@@ -232,11 +232,10 @@ def silent_url() -> Iterator[str]:
 
 def test_a_silent_server_is_unavailable_after_the_callers_timeout(clean_env: Path, tmp_path: Path,
                                                                   silent_url: str) -> None:
-    url = silent_url
-    kube = connect(kubeconfig(tmp_path / "config", {"silent": url}, "silent"))
+    kube = connect(kubeconfig(tmp_path / "config", {"silent": silent_url}, "silent"))
     with pytest.raises(Unavailable) as caught:
         kube.nodes.read("node-0", timeout_s=0.2)
-    assert str(caught.value) == (f"The API server at {url} did not answer within 0.2 s when asked to read node "
+    assert str(caught.value) == (f"The API server at {silent_url} did not answer within 0.2 s when asked to read node "
                                  "node-0; check that the cluster is running and not overloaded.")
 
 

@@ -458,13 +458,14 @@ class FragmentationGradient:
         hosts = node.hosts(request) if request.gpu_count else []
         if len(hosts) >= request.gpu_count:
             rows = _rows(node.gpus)
+            # Weighed with its share's class, as the target keeps its pods (``share_class``): pods whose shares
+            # differ by less than a class (memory asked in MiB, each its own amount) then meet the same states
+            # after, whose F is remembered, instead of one never met for each. The GPUs compared are those the
+            # exact share fits, and the bind takes the exact share.
+            weighed = share_class(request.per_gpu)
             options = []
             for chosen in self.choices(hosts, request):
-                # Weighed with its share's class, as the target keeps its pods (``share_class``): pods whose
-                # shares differ by less than a class (memory asked in MiB, each its own amount) then meet the same
-                # states after, whose F is remembered, instead of one never met for each. The GPUs compared are
-                # those the exact share fits, and the bind takes the exact share.
-                taken = {g.index: g.free if request.exclusive else share_class(request.per_gpu) for g in chosen}
+                taken = {g.index: g.free if request.exclusive else weighed for g in chosen}
                 taken = self._takens.setdefault(tuple(taken.items()), taken)
                 options.append((tuple(g.index for g in chosen), taken, self._shared_pools(_pools(rows, taken))))
             found = GPUChoices(self._shared_pools(_pools(rows, {})), tuple(options),
