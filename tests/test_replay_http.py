@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import openb
-from bench.replay_http import compare, pod_manifest, replay_in_process, replay_over_http
+from bench.replay_http import compare, main, pod_manifest, replay_in_process, replay_over_http
 from gpushare.contract import host_requests, parse_request, requests_gpu
 from gpushare.kube.convert import pod_info
 from gpushare.policies import DEFAULT_POLICY
@@ -91,3 +91,15 @@ def test_the_manifest_asks_for_what_the_trace_says(pod: openb.TracePod) -> None:
     else:
         assert not requests_gpu(info)
         assert host_requests(info) == (pod.cpu_milli, pod.memory_mib)
+
+
+@pytest.mark.parametrize(("trace", "said"), [
+    ("bogus", "Unknown trace 'bogus'; choose one of default, "),
+    ("missing.csv", "Cannot read {folder}/missing.csv: "),
+])
+def test_a_trace_that_is_neither_a_name_nor_a_file_is_refused_before_anything_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], trace: str, said: str) -> None:
+    data = write_trace(tmp_path)
+    assert main(["--data", str(data), "--trace", trace if trace == "bogus" else str(tmp_path / trace)]) == 2
+    captured = capsys.readouterr()
+    assert said.format(folder=tmp_path) in captured.err and not captured.out
