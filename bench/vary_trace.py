@@ -1,12 +1,15 @@
 """Write a variant of an openb pod list with shapes the published traces do not have, for the benchmarks' --trace.
 
-    python -m bench.vary_trace --trace gpuspec20 [--data DIR] --out FILE [--seed 7]
+    python -m bench.vary_trace --trace gpuspec20 [--data DIR] --out FILE [--seed 7] [--share-fraction 1]
         [--spec-fraction 0.4 [--spec-from gpuspec20]] [--host-spread 0.5] [--share-range 50-999]
 
 The extender remembers fit answers and scores per pod shape, and the fgd policies' cost grows with the shapes
 they learn, so a workload with more shapes than the traces here costs more per pod. Per pod, in this order, each
 only when asked for:
 
+- ``--share-fraction F``: a GPU pod is replaced by a pod of the trace drawn at random, with probability F from its
+  pods that share a GPU and otherwise from its other GPU pods (every column but the name): the family's gpushareNN
+  members past those published here, such as gpushare80 and gpushare100 with F at 0.8 and 1;
 - ``--spec-fraction F``: a GPU pod gets, with probability F, the GPU model constraint (``gpu_spec``) of a
   constrained pod of ``--spec-from`` drawn at random: more of the family's spec-constrained pods;
 - ``--host-spread S``: its CPU and memory requests are scaled by a factor drawn from [1 - S, 1 + S]: every pod
@@ -55,18 +58,32 @@ def _fraction(text: str, option: str, below_one: bool) -> float:
     return value
 
 
+def _sharing(row: dict[str, str]) -> bool:
+    return 0 < int(row["gpu_milli"]) < SHARE_UNITS
+
+
 def vary(rows: list[dict[str, str]], specs: Sequence[str], rng: random.Random, spec_fraction: float,
-         host_spread: float, share_range: tuple[int, int] | None) -> list[dict[str, str]]:
+         host_spread: float, share_range: tuple[int, int] | None, share_fraction: float | None = None
+         ) -> list[dict[str, str]]:
     """The rows with the asked-for changes, each pod's random draws made in the order the docstring gives."""
+    gpu_pods = [row for row in rows if int(row["num_gpu"]) > 0]
+    # Drawn from by --share-fraction: the trace's GPU pods that do not share a GPU, and those that do.
+    pools = ([row for row in gpu_pods if not _sharing(row)], [row for row in gpu_pods if _sharing(row)])
+    drawn = [] if share_fraction is None else [pools[0]] * (share_fraction < 1) + [pools[1]] * (share_fraction > 0)
+    if not all(drawn):
+        raise openb.TraceError("--share-fraction draws GPU pods that share a GPU and GPU pods that do not, and the "
+                               "trace has none of one kind: pass a trace with both, such as default.")
     varied = []
     for source in rows:
         row = dict(source)
+        if share_fraction is not None and int(row["num_gpu"]) > 0:
+            row = {**rng.choice(pools[rng.random() < share_fraction]), "name": source["name"]}
         if spec_fraction and int(row["num_gpu"]) > 0 and rng.random() < spec_fraction:
             row["gpu_spec"] = rng.choice(specs)
         if host_spread:
             for column in ("cpu_milli", "memory_mib"):
                 row[column] = str(max(1, int(int(row[column]) * rng.uniform(1 - host_spread, 1 + host_spread))))
-        if share_range is not None and 0 < int(row["gpu_milli"]) < SHARE_UNITS:
+        if share_range is not None and _sharing(row):
             row["gpu_milli"] = str(rng.randint(*share_range))
         varied.append(row)
     return varied
@@ -78,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trace", default="default", help="the openb trace to vary, or a pod list file")
     parser.add_argument("--out", type=Path, required=True, help="CSV file to write")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--share-fraction", type=lambda t: _fraction(t, "--share-fraction", False), default=None)
     parser.add_argument("--spec-fraction", type=lambda t: _fraction(t, "--spec-fraction", False), default=0.0)
     parser.add_argument("--spec-from", default="gpuspec20", help="the trace whose constrained pods' gpu_spec is drawn")
     parser.add_argument("--host-spread", type=lambda t: _fraction(t, "--host-spread", True), default=0.0)
@@ -91,13 +109,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not specs:
                 raise openb.TraceError(f"The {args.spec_from} trace has no pod with a gpu_spec to draw from; pass "
                                        "--spec-from a trace with constrained pods, such as gpuspec20.")
+        varied = vary(rows, specs, random.Random(args.seed), args.spec_fraction, args.host_spread, args.share_range,
+                      args.share_fraction)
     except openb.TraceError as exc:
         print(exc, file=sys.stderr)
         return 2
     columns = list(rows[0])
     if "gpu_spec" not in columns:
         columns.append("gpu_spec")
-    varied = vary(rows, specs, random.Random(args.seed), args.spec_fraction, args.host_spread, args.share_range)
     with args.out.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=columns, restval="")
         writer.writeheader()

@@ -56,6 +56,28 @@ def test_each_change_touches_only_its_columns_and_pods_within_its_bounds(tmp_pat
     assert all(shape.models for shape in drawn)
 
 
+def test_share_fraction_redraws_every_gpu_pod_from_the_kind_asked_and_keeps_its_name(tmp_path: Path) -> None:
+    write_pods(tmp_path, "default", PODS)
+    original = _rows(tmp_path / openb.TRACES["default"])
+    sharing = [row for row in original if 0 < int(row["gpu_milli"]) < 1000]
+    whole = [row for row in original if int(row["num_gpu"]) and int(row["gpu_milli"]) == 1000]
+
+    def drawn_from(row: dict[str, str], pool: list[dict[str, str]]) -> bool:
+        return any({**source, "name": row["name"]} == row for source in pool)
+
+    for fraction, pool in (("1", sharing), ("0", whole)):
+        varied = _vary(tmp_path, f"f{fraction}.csv", "--share-fraction", fraction)
+        assert [row["name"] for row in varied] == [row["name"] for row in original]
+        for before, after in zip(original, varied, strict=True):
+            # A pod without GPUs stays as it was; a GPU pod becomes one of the kind asked for, whole.
+            assert after == before if not int(before["num_gpu"]) else drawn_from(after, pool)
+    # Between the two, both kinds, in about the proportion asked for (30 GPU pods: at 0.5, 6 to 24 of each).
+    mixed = [row for row in _vary(tmp_path, "half.csv", "--share-fraction", "0.5", "--seed", "1")
+             if int(row["num_gpu"])]
+    assert 6 <= sum(drawn_from(row, sharing) for row in mixed) <= 24
+    assert all(drawn_from(row, sharing) or drawn_from(row, whole) for row in mixed)
+
+
 def test_the_same_seed_writes_the_same_file_and_another_seed_another(tmp_path: Path) -> None:
     write_pods(tmp_path, "default", PODS)
     first = _vary(tmp_path, "a.csv", "--share-range", "1-999", "--host-spread", "0.3", "--seed", "3")
@@ -71,6 +93,8 @@ def test_the_same_seed_writes_the_same_file_and_another_seed_another(tmp_path: P
     (["--host-spread", "1"], "--host-spread"),
     (["--host-spread", "-0.1"], "--host-spread"),
     (["--spec-fraction", "1.5"], "--spec-fraction"),
+    (["--share-fraction", "-0.5"], "--share-fraction"),
+    (["--share-fraction", "most"], "--share-fraction"),
 ])
 def test_a_bad_option_is_refused_with_a_sentence_naming_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], named: str) -> None:
@@ -96,4 +120,19 @@ def test_a_trace_with_nothing_to_draw_from_is_refused_before_anything_is_written
     broken.write_text(broken.read_text().replace(",250,", ",a quarter,"))
     assert vary_trace.main(["--data", str(tmp_path), "--trace", "gpushare40", "--out", str(out)]) == 2
     assert "gpu_milli='a quarter'" in capsys.readouterr().err
+    # Pods that share a GPU asked for of a trace that has none, or pods that do not of one where all do.
+    write_pods(tmp_path, "multigpu30", [(4000, 8192, 2, 1000, ""), (2000, 4096, 0, 0, "")])
+    assert vary_trace.main(["--data", str(tmp_path), "--trace", "multigpu30", "--out", str(out),
+                            "--share-fraction", "0.5"]) == 2
+    assert "--share-fraction draws GPU pods that share a GPU and GPU pods that do not" in capsys.readouterr().err
+    write_pods(tmp_path, "gpushare60", [(4000, 8192, 1, 250, "")])
+    assert vary_trace.main(["--data", str(tmp_path), "--trace", "gpushare60", "--out", str(out),
+                            "--share-fraction", "1"]) == 0
+    assert vary_trace.main(["--data", str(tmp_path), "--trace", "gpushare60", "--out", str(out),
+                            "--share-fraction", "0.9"]) == 2
+    assert "--share-fraction" in capsys.readouterr().err
+    out.unlink()
+    assert vary_trace.main(["--data", str(tmp_path), "--trace", "multigpu30", "--out", str(out),
+                            "--share-fraction", "0"]) == 0
+    out.unlink()
     assert not out.exists()
