@@ -1,15 +1,17 @@
 """Write a variant of an openb pod list with shapes the published traces do not have, for the benchmarks' --trace.
 
-    python -m bench.vary_trace --trace gpuspec20 [--data DIR] --out FILE [--seed 7] [--share-fraction 1]
+    python -m bench.vary_trace --trace gpuspec20 [--data DIR] --out FILE [--seed 7]
+        [--share-demand 0.8 | --multi-gpu-demand 0.5]
         [--spec-fraction 0.4 [--spec-from gpuspec20]] [--host-spread 0.5] [--share-range 50-999]
 
 The extender remembers fit answers and scores per pod shape, and the fgd policies' cost grows with the shapes
 they learn, so a workload with more shapes than the traces here costs more per pod. Per pod, in this order, each
 only when asked for:
 
-- ``--share-fraction F``: a GPU pod is replaced by a pod of the trace drawn at random, with probability F from its
-  pods that share a GPU and otherwise from its other GPU pods (every column but the name): the family's gpushareNN
-  members past those published here, such as gpushare80 and gpushare100 with F at 0.8 and 1;
+- ``--share-demand F`` or ``--multi-gpu-demand F``: every GPU pod is replaced by a GPU pod of the trace drawn at
+  random (every column but the name), from its pods that share a GPU (or that take several GPUs) with the
+  probability that gives them F of the GPU demand, and otherwise from its other GPU pods: the family's gpushareNN
+  and multigpuNN members past those published here, such as gpushare80 and multigpu50 (F = 0.8, 0.5);
 - ``--spec-fraction F``: a GPU pod gets, with probability F, the GPU model constraint (``gpu_spec``) of a
   constrained pod of ``--spec-from`` drawn at random: more of the family's spec-constrained pods;
 - ``--host-spread S``: its CPU and memory requests are scaled by a factor drawn from [1 - S, 1 + S]: every pod
@@ -25,8 +27,10 @@ from __future__ import annotations
 import argparse
 import csv
 import random
+import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench import openb
@@ -62,22 +66,48 @@ def _sharing(row: dict[str, str]) -> bool:
     return 0 < int(row["gpu_milli"]) < SHARE_UNITS
 
 
+def _multi_gpu(row: dict[str, str]) -> bool:
+    return int(row["num_gpu"]) > 1
+
+
+def _demand(row: dict[str, str]) -> int:
+    return int(row["num_gpu"]) * int(row["gpu_milli"])
+
+
+@dataclass(frozen=True, slots=True)
+class Redraw:
+    """Every GPU pod redrawn so that the pods ``kind`` picks hold ``fraction`` of the GPU demand, in expectation."""
+
+    option: str
+    kind: Callable[[dict[str, str]], bool]
+    fraction: float
+
+    def pools(self, rows: Sequence[dict[str, str]]) -> tuple[list[dict[str, str]], list[dict[str, str]], float]:
+        """The trace's other GPU pods, those of the kind, and the chance of drawing from the second."""
+        gpu_pods = [row for row in rows if int(row["num_gpu"]) > 0]
+        others, chosen = [r for r in gpu_pods if not self.kind(r)], [r for r in gpu_pods if self.kind(r)]
+        if (self.fraction > 0 and not chosen) or (self.fraction < 1 and not others):
+            raise openb.TraceError(f"{self.option} draws from the trace's GPU pods of both kinds, and it has none of "
+                                   "one: pass a trace with both, such as default.")
+        if self.fraction in (0, 1):
+            return others, chosen, self.fraction
+        # Drawn with chance p, a kind whose pods ask m on average holds p m / (p m + (1 - p) o) of the demand.
+        mean_chosen = statistics.mean(map(_demand, chosen))
+        mean_others = statistics.mean(map(_demand, others))
+        weight = self.fraction * mean_others
+        return others, chosen, weight / (weight + (1 - self.fraction) * mean_chosen)
+
+
 def vary(rows: list[dict[str, str]], specs: Sequence[str], rng: random.Random, spec_fraction: float,
-         host_spread: float, share_range: tuple[int, int] | None, share_fraction: float | None = None
+         host_spread: float, share_range: tuple[int, int] | None, redraw: Redraw | None = None
          ) -> list[dict[str, str]]:
     """The rows with the asked-for changes, each pod's random draws made in the order the docstring gives."""
-    gpu_pods = [row for row in rows if int(row["num_gpu"]) > 0]
-    # Drawn from by --share-fraction: the trace's GPU pods that do not share a GPU, and those that do.
-    pools = ([row for row in gpu_pods if not _sharing(row)], [row for row in gpu_pods if _sharing(row)])
-    drawn = [] if share_fraction is None else [pools[0]] * (share_fraction < 1) + [pools[1]] * (share_fraction > 0)
-    if not all(drawn):
-        raise openb.TraceError("--share-fraction draws GPU pods that share a GPU and GPU pods that do not, and the "
-                               "trace has none of one kind: pass a trace with both, such as default.")
+    others, chosen, chance = redraw.pools(rows) if redraw is not None else ([], [], 0.0)
     varied = []
     for source in rows:
         row = dict(source)
-        if share_fraction is not None and int(row["num_gpu"]) > 0:
-            row = {**rng.choice(pools[rng.random() < share_fraction]), "name": source["name"]}
+        if redraw is not None and int(row["num_gpu"]) > 0:
+            row = {**rng.choice(chosen if rng.random() < chance else others), "name": source["name"]}
         if spec_fraction and int(row["num_gpu"]) > 0 and rng.random() < spec_fraction:
             row["gpu_spec"] = rng.choice(specs)
         if host_spread:
@@ -95,7 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trace", default="default", help="the openb trace to vary, or a pod list file")
     parser.add_argument("--out", type=Path, required=True, help="CSV file to write")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--share-fraction", type=lambda t: _fraction(t, "--share-fraction", False), default=None)
+    redraws = parser.add_mutually_exclusive_group()
+    redraws.add_argument("--share-demand", type=lambda t: _fraction(t, "--share-demand", False), default=None)
+    redraws.add_argument("--multi-gpu-demand", type=lambda t: _fraction(t, "--multi-gpu-demand", False), default=None)
     parser.add_argument("--spec-fraction", type=lambda t: _fraction(t, "--spec-fraction", False), default=0.0)
     parser.add_argument("--spec-from", default="gpuspec20", help="the trace whose constrained pods' gpu_spec is drawn")
     parser.add_argument("--host-spread", type=lambda t: _fraction(t, "--host-spread", True), default=0.0)
@@ -109,8 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not specs:
                 raise openb.TraceError(f"The {args.spec_from} trace has no pod with a gpu_spec to draw from; pass "
                                        "--spec-from a trace with constrained pods, such as gpuspec20.")
+        redraw = (Redraw("--share-demand", _sharing, args.share_demand) if args.share_demand is not None else
+                  Redraw("--multi-gpu-demand", _multi_gpu, args.multi_gpu_demand)
+                  if args.multi_gpu_demand is not None else None)
         varied = vary(rows, specs, random.Random(args.seed), args.spec_fraction, args.host_spread, args.share_range,
-                      args.share_fraction)
+                      redraw)
     except openb.TraceError as exc:
         print(exc, file=sys.stderr)
         return 2

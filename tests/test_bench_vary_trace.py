@@ -4,6 +4,7 @@ bad options are refused with a sentence that names them."""
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -56,26 +57,36 @@ def test_each_change_touches_only_its_columns_and_pods_within_its_bounds(tmp_pat
     assert all(shape.models for shape in drawn)
 
 
-def test_share_fraction_redraws_every_gpu_pod_from_the_kind_asked_and_keeps_its_name(tmp_path: Path) -> None:
-    write_pods(tmp_path, "default", PODS)
+@pytest.mark.parametrize(("option", "kind"), [
+    ("--share-demand", lambda row: 0 < int(row["gpu_milli"]) < 1000),
+    ("--multi-gpu-demand", lambda row: int(row["num_gpu"]) > 1),
+])
+def test_a_demand_option_redraws_every_gpu_pod_so_that_its_kind_holds_that_share_of_the_gpu_demand(
+        tmp_path: Path, option: str, kind: Callable[[dict[str, str]], bool]) -> None:
+    write_pods(tmp_path, "default", PODS * 20)
     original = _rows(tmp_path / openb.TRACES["default"])
-    sharing = [row for row in original if 0 < int(row["gpu_milli"]) < 1000]
-    whole = [row for row in original if int(row["num_gpu"]) and int(row["gpu_milli"]) == 1000]
 
     def drawn_from(row: dict[str, str], pool: list[dict[str, str]]) -> bool:
         return any({**source, "name": row["name"]} == row for source in pool)
 
-    for fraction, pool in (("1", sharing), ("0", whole)):
-        varied = _vary(tmp_path, f"f{fraction}.csv", "--share-fraction", fraction)
+    def demand(rows: list[dict[str, str]]) -> int:
+        return sum(int(row["num_gpu"]) * int(row["gpu_milli"]) for row in rows)
+
+    gpu_pods = [row for row in original if int(row["num_gpu"])]
+    pools = {"1": [row for row in gpu_pods if kind(row)], "0": [row for row in gpu_pods if not kind(row)]}
+    for fraction, pool in pools.items():
+        varied = _vary(tmp_path, f"f{fraction}.csv", option, fraction)
         assert [row["name"] for row in varied] == [row["name"] for row in original]
         for before, after in zip(original, varied, strict=True):
             # A pod without GPUs stays as it was; a GPU pod becomes one of the kind asked for, whole.
             assert after == before if not int(before["num_gpu"]) else drawn_from(after, pool)
-    # Between the two, both kinds, in about the proportion asked for (30 GPU pods: at 0.5, 6 to 24 of each).
-    mixed = [row for row in _vary(tmp_path, "half.csv", "--share-fraction", "0.5", "--seed", "1")
-             if int(row["num_gpu"])]
-    assert 6 <= sum(drawn_from(row, sharing) for row in mixed) <= 24
-    assert all(drawn_from(row, sharing) or drawn_from(row, whole) for row in mixed)
+    # Between the two, each pod one of the trace's GPU pods, the kind holding about the share of the demand asked
+    # for (600 GPU pods), however far from it the trace's own share is (the default's: 0.6 shared, 0.4 multi-GPU).
+    for fraction in (0.2, 0.8):
+        mixed = [row for row in _vary(tmp_path, "mixed.csv", option, str(fraction), "--seed", "1")
+                 if int(row["num_gpu"])]
+        assert all(drawn_from(row, gpu_pods) for row in mixed)
+        assert demand([row for row in mixed if kind(row)]) / demand(mixed) == pytest.approx(fraction, abs=0.06)
 
 
 def test_the_same_seed_writes_the_same_file_and_another_seed_another(tmp_path: Path) -> None:
@@ -93,8 +104,8 @@ def test_the_same_seed_writes_the_same_file_and_another_seed_another(tmp_path: P
     (["--host-spread", "1"], "--host-spread"),
     (["--host-spread", "-0.1"], "--host-spread"),
     (["--spec-fraction", "1.5"], "--spec-fraction"),
-    (["--share-fraction", "-0.5"], "--share-fraction"),
-    (["--share-fraction", "most"], "--share-fraction"),
+    (["--share-demand", "-0.5"], "--share-demand"),
+    (["--multi-gpu-demand", "most"], "--multi-gpu-demand"),
 ])
 def test_a_bad_option_is_refused_with_a_sentence_naming_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], named: str) -> None:
@@ -103,6 +114,16 @@ def test_a_bad_option_is_refused_with_a_sentence_naming_it(
         vary_trace.main(["--data", str(tmp_path), "--out", str(tmp_path / "x.csv"), *options])
     assert exited.value.code == 2
     assert f"argument {named}: {named}" in capsys.readouterr().err
+    assert not (tmp_path / "x.csv").exists()
+
+
+def test_the_two_demand_options_are_refused_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_pods(tmp_path, "default", PODS)
+    with pytest.raises(SystemExit) as exited:
+        vary_trace.main(["--data", str(tmp_path), "--out", str(tmp_path / "x.csv"), "--share-demand", "0.8",
+                         "--multi-gpu-demand", "0.5"])
+    assert exited.value.code == 2
+    assert "argument --multi-gpu-demand: not allowed with argument --share-demand" in capsys.readouterr().err
     assert not (tmp_path / "x.csv").exists()
 
 
@@ -123,16 +144,17 @@ def test_a_trace_with_nothing_to_draw_from_is_refused_before_anything_is_written
     # Pods that share a GPU asked for of a trace that has none, or pods that do not of one where all do.
     write_pods(tmp_path, "multigpu30", [(4000, 8192, 2, 1000, ""), (2000, 4096, 0, 0, "")])
     assert vary_trace.main(["--data", str(tmp_path), "--trace", "multigpu30", "--out", str(out),
-                            "--share-fraction", "0.5"]) == 2
-    assert "--share-fraction draws GPU pods that share a GPU and GPU pods that do not" in capsys.readouterr().err
+                            "--share-demand", "0.5"]) == 2
+    assert "--share-demand draws from the trace's GPU pods of both kinds, and it has none of one" in \
+        capsys.readouterr().err
     write_pods(tmp_path, "gpushare60", [(4000, 8192, 1, 250, "")])
     assert vary_trace.main(["--data", str(tmp_path), "--trace", "gpushare60", "--out", str(out),
-                            "--share-fraction", "1"]) == 0
-    assert vary_trace.main(["--data", str(tmp_path), "--trace", "gpushare60", "--out", str(out),
-                            "--share-fraction", "0.9"]) == 2
-    assert "--share-fraction" in capsys.readouterr().err
+                            "--share-demand", "1"]) == 0
     out.unlink()
+    assert vary_trace.main(["--data", str(tmp_path), "--trace", "gpushare60", "--out", str(out),
+                            "--multi-gpu-demand", "0.9"]) == 2
+    assert "--multi-gpu-demand draws from" in capsys.readouterr().err
     assert vary_trace.main(["--data", str(tmp_path), "--trace", "multigpu30", "--out", str(out),
-                            "--share-fraction", "0"]) == 0
+                            "--share-demand", "0"]) == 0
     out.unlink()
     assert not out.exists()
