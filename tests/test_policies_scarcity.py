@@ -95,7 +95,7 @@ def test_the_capacity_counts_healthy_gpus_per_model() -> None:
     assert gpu_capacity(nodes) == {"T4": 1000, "G2": 32}
 
 
-def test_a_model_is_charged_only_while_its_free_share_is_below_the_demand_still_to_come() -> None:
+def test_a_model_is_charged_from_the_first_pod_in_proportion_to_its_pressure() -> None:
     # T4-only pods are 15% of the GPU demand and T4 a fifth of the capacity: pressure 0.75 on T4.
     workload = WorkloadDistribution()
     workload.seed({Shape(1, 1000, 4000): 0.85, Shape(1, 1000, 4000, models=T4_ONLY): 0.15}, observations=100)
@@ -106,18 +106,25 @@ def test_a_model_is_charged_only_while_its_free_share_is_below_the_demand_still_
     assert isinstance(policy, ClusterAware)
     policy.observe_nodes(nodes)
     flexible = PodRequest(per_gpu=1000, gpu_count=1, cpu_milli=4000)
-    # Every T4 GPU is free: more than the 75% of them that T4-only pods still to come may claim.
-    assert policy.evaluate(t4, flexible) == lookahead.evaluate(t4, flexible)
+    t4_only = PodRequest(per_gpu=1000, gpu_count=1, cpu_milli=4000, models=T4_ONLY)
+    g2 = nodes[1]
+    # Every T4 GPU is still free, and a flexible pod taking one already pays 0.75 of its 1,000 units: a G2 node
+    # does not charge, and a pod that can run only on T4 pays the same wherever it goes.
+    for node in (t4, g2):
+        charged, plain = policy.evaluate(node, flexible), lookahead.evaluate(node, flexible)
+        assert charged is not None and plain is not None
+        # The lookahead's node score is in steps of 100 units (a tenth of the largest share).
+        assert plain.score - charged.score == pytest.approx(750 if node is t4 else 0, abs=50)
+    charged, plain = policy.evaluate(t4, t4_only), lookahead.evaluate(t4, t4_only)
+    assert charged is not None and plain is not None
+    assert plain.score - charged.score == pytest.approx(750, abs=50)
+    assert all(choose_node(nodes, flexible, policy, seed)[0].name != "t4"  # type: ignore[index]
+               for seed in range(10))
+    # Taking T4 GPUs moves no charge (the pressure is learned from the pods, not from what is free).
     before = policy.version
     t4.place("first", flexible, [0])
     policy.observe_nodes([t4])
-    # Half the T4 memory is free against 0.75 x 90% of the cluster free: each T4 unit taken now strands some.
-    assert policy.version != before
-    charged, plain = policy.evaluate(t4, flexible), lookahead.evaluate(t4, flexible)
-    assert charged is not None and plain is not None and charged.score < plain.score
-    assert choose_node(nodes, flexible, policy) is not None
-    assert all(choose_node(nodes, flexible, policy, seed)[0].name != "t4"  # type: ignore[index]
-               for seed in range(10))
+    assert policy.version == before
 
 
 def big_node(name: str) -> Node:
@@ -319,8 +326,8 @@ def test_a_node_the_prices_since_a_version_did_not_touch_is_answered_as_it_was_t
 
 
 def test_answers_are_carried_over_while_the_nodes_fill_and_prices_move() -> None:
-    """The same check on a fixed order that fills the T4 nodes, moving their charge, and takes from the large
-    nodes, moving the price of their reserve: the other nodes carry over."""
+    """The same check on a fixed order that fills the T4 nodes and takes from the large nodes, moving the price
+    of their reserve: the other nodes carry over."""
     order = [(i % 4, 1000, 4000) for i in range(8)] + [(6 + i % 6, 500, 2000) for i in range(12)]
     order += [(4 + i % 2, 1000, 30000) for i in range(4)] + [(6 + i % 6, 1000, 8000) for i in range(30)]
     assert _carried_answers_hold(order) > 0
@@ -333,15 +340,14 @@ def test_a_price_that_moves_leaves_the_nodes_of_other_models_and_outside_the_res
     policy.observe_nodes(nodes)
     t4, big, g2 = nodes[0], nodes[4], nodes[6]
     before = policy.version
-    # Flexible pods fill the T4 GPUs until the T4-only demand to come outweighs what T4 has free: its charge
-    # appears, a price-only change.
-    for i in range(8):
-        node = nodes[i % 4]
-        node.place(f"flexible-{i}", PodRequest(per_gpu=1000, gpu_count=1, cpu_milli=4000), [i // 4])
+    # Pods take from the large nodes until the reserve kept there for the rare shape is priced: a price-only change.
+    for i in range(2):
+        node = nodes[4 + i]
+        node.place(f"large-{i}", PodRequest(per_gpu=1000, gpu_count=1, cpu_milli=30000), [0])
         policy.observe_nodes([node])
     assert policy.version != before
-    assert not policy.unchanged_since(before, t4), "the T4 charge moved"
-    assert policy.unchanged_since(before, g2) and policy.unchanged_since(before, big), "no G2 or G3 price moved"
+    assert not policy.unchanged_since(before, big), "the reserve's price moved"
+    assert policy.unchanged_since(before, g2) and policy.unchanged_since(before, t4), "no T4 or G2 price moved"
     # Learning a new workload moves every node's answers.
     learned = policy.version
     for _ in range(2000):
