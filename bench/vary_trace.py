@@ -3,6 +3,7 @@
     python -m bench.vary_trace --trace gpuspec20 [--data DIR] --out FILE [--seed 7]
         [--share-demand 0.8 | --multi-gpu-demand 0.5]
         [--spec-fraction 0.4 [--spec-from gpuspec20]] [--host-spread 0.5] [--share-range 50-999]
+        [--cpu-only-scale 2]
 
 The extender remembers fit answers and scores per pod shape, and the fgd policies' cost grows with the shapes
 they learn, so a workload with more shapes than the traces here costs more per pod. Per pod, in this order, each
@@ -18,6 +19,9 @@ only when asked for:
   a CPU of its own, as in a cluster whose teams each pick their own;
 - ``--share-range LO-HI``: a pod sharing a GPU (0 < gpu_milli < 1000) gets a share drawn from LO-HI of the GPU's
   1,000 units: GPU memory asked in MiB, each pod its own amount.
+- ``--cpu-only-scale K``: a pod without GPUs is written K times on average (the whole part of K, and once more
+  with the chance of its fraction; copies named ``<name>-c<k>``): the CPU-only work of the family's cpuNNN
+  members past those published, such as cpu200 from cpu100 with K at 2 (0 leaves none).
 
 Every other column is copied as it is. The file goes to ``--out``, never into the openb folder.
 """
@@ -49,6 +53,20 @@ def _share_range(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"--share-range {text} must satisfy 1 <= LO <= HI < {SHARE_UNITS}: a share "
                                          "of a whole GPU or more is not a shared GPU.")
     return bounds
+
+
+# The most copies of each CPU-only pod ``--cpu-only-scale`` writes.
+MAX_CPU_ONLY_SCALE = 10
+
+
+def _scale(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--cpu-only-scale takes a number, not {text!r}.") from None
+    if not 0 <= value <= MAX_CPU_ONLY_SCALE:
+        raise argparse.ArgumentTypeError(f"--cpu-only-scale must be from 0 to {MAX_CPU_ONLY_SCALE}, not {text}.")
+    return value
 
 
 def _fraction(text: str, option: str, below_one: bool) -> float:
@@ -99,8 +117,8 @@ class Redraw:
 
 
 def vary(rows: list[dict[str, str]], specs: Sequence[str], rng: random.Random, spec_fraction: float,
-         host_spread: float, share_range: tuple[int, int] | None, redraw: Redraw | None = None
-         ) -> list[dict[str, str]]:
+         host_spread: float, share_range: tuple[int, int] | None, redraw: Redraw | None = None,
+         cpu_only_scale: float = 1.0) -> list[dict[str, str]]:
     """The rows with the asked-for changes, each pod's random draws made in the order the docstring gives."""
     others, chosen, chance = redraw.pools(rows) if redraw is not None else ([], [], 0.0)
     varied = []
@@ -115,6 +133,11 @@ def vary(rows: list[dict[str, str]], specs: Sequence[str], rng: random.Random, s
                 row[column] = str(max(1, int(int(row[column]) * rng.uniform(1 - host_spread, 1 + host_spread))))
         if share_range is not None and _sharing(row):
             row["gpu_milli"] = str(rng.randint(*share_range))
+        if cpu_only_scale != 1 and int(row["num_gpu"]) == 0:
+            whole = int(cpu_only_scale)
+            count = whole + (rng.random() < cpu_only_scale - whole)
+            varied.extend({**row, "name": row["name"] if k == 0 else f"{row['name']}-c{k}"} for k in range(count))
+            continue
         varied.append(row)
     return varied
 
@@ -132,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spec-from", default="gpuspec20", help="the trace whose constrained pods' gpu_spec is drawn")
     parser.add_argument("--host-spread", type=lambda t: _fraction(t, "--host-spread", True), default=0.0)
     parser.add_argument("--share-range", type=_share_range, default=None)
+    parser.add_argument("--cpu-only-scale", type=_scale, default=1.0)
     args = parser.parse_args(argv)
     try:
         rows = openb.pod_rows(args.data, args.trace)
@@ -145,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   Redraw("--multi-gpu-demand", _multi_gpu, args.multi_gpu_demand)
                   if args.multi_gpu_demand is not None else None)
         varied = vary(rows, specs, random.Random(args.seed), args.spec_fraction, args.host_spread, args.share_range,
-                      redraw)
+                      redraw, args.cpu_only_scale)
     except openb.TraceError as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -106,6 +106,9 @@ def test_the_same_seed_writes_the_same_file_and_another_seed_another(tmp_path: P
     (["--spec-fraction", "1.5"], "--spec-fraction"),
     (["--share-demand", "-0.5"], "--share-demand"),
     (["--multi-gpu-demand", "most"], "--multi-gpu-demand"),
+    (["--cpu-only-scale", "-1"], "--cpu-only-scale"),
+    (["--cpu-only-scale", "11"], "--cpu-only-scale"),
+    (["--cpu-only-scale", "double"], "--cpu-only-scale"),
 ])
 def test_a_bad_option_is_refused_with_a_sentence_naming_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], named: str) -> None:
@@ -115,6 +118,21 @@ def test_a_bad_option_is_refused_with_a_sentence_naming_it(
     assert exited.value.code == 2
     assert f"argument {named}: {named}" in capsys.readouterr().err
     assert not (tmp_path / "x.csv").exists()
+
+
+def test_cpu_only_scale_writes_each_pod_without_gpus_about_that_many_times_and_no_other(tmp_path: Path) -> None:
+    write_pods(tmp_path, "default", PODS * 10)
+    original = _rows(tmp_path / openb.TRACES["default"])
+    cpu_only = [row for row in original if not int(row["num_gpu"])]
+    for scale, low, high in (("2", 200, 200), ("2.5", 225, 275), ("0", 0, 0), ("1", 100, 100)):
+        varied = _vary(tmp_path, f"s{scale}.csv", "--cpu-only-scale", scale)
+        # The GPU pods as they were, in order; each pod without GPUs written whole, under a name of its own.
+        assert [row for row in varied if int(row["num_gpu"])] == [row for row in original if int(row["num_gpu"])]
+        copies = [row for row in varied if not int(row["num_gpu"])]
+        assert low <= len(copies) <= high
+        assert len({row["name"] for row in varied}) == len(varied)
+        by_name = {row["name"]: row for row in cpu_only}
+        assert all({**by_name[row["name"].split("-c")[0]], "name": row["name"]} == row for row in copies)
 
 
 def test_the_two_demand_options_are_refused_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
