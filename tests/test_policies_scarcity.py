@@ -230,6 +230,9 @@ def test_a_cpu_heavy_pod_is_kept_off_a_node_whose_gpus_it_would_leave_without_co
     # A pod with fewer cores per unit than the workload's neither pays nor gains, on a starved node as elsewhere.
     frugal = PodRequest(per_gpu=1000, gpu_count=1, cpu_milli=4000)
     assert policy.evaluate(starved, frugal) == lookahead.evaluate(starved, frugal)
+    # A pod without GPUs pays no balance: the lookahead already counts the copies its cores take from the GPU shapes.
+    cpu_only = PodRequest(per_gpu=0, gpu_count=0, cpu_milli=12000)
+    assert policy.evaluate(starved, cpu_only) == lookahead.evaluate(starved, cpu_only)
 
 
 def test_stranded_memory_is_the_idle_memory_the_free_cores_cannot_feed() -> None:

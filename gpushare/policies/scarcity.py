@@ -41,11 +41,14 @@ cores it takes with it. So CPU-heavy pods fill those nodes and leave their other
 multigpu30, seed 47, 14.5 idle GPUs on them at 100% arrival against 4.2 under ``fgd``. The GPU work still to
 come brings, on average, ``cores_per_unit`` (its CPU over its GPU memory, from the learned histogram) with
 each unit of GPU memory; the node's idle memory beyond what its free cores can feed at that rate is stranded
-(``stranded``), and a placement pays ``BALANCE_WEIGHT`` times what it adds to that: a CPU-heavy or CPU-only
-pod on a node with few cores left pays, a pod with fewer cores per unit than the workload's pays nothing and
-gains nothing. Letting frugal pods gain what they lower it by attracted them to every node the rate calls
-starved: with the rate above the cores per GPU of the common nodes (the learned rate times 1.25 on the
-openb traces: all the G2 nodes), pods failed from 75% arrival on and multigpu30 went from 3.2 to 10.8.
+(``stranded``), and a GPU pod pays ``BALANCE_WEIGHT`` times what it adds to that: a CPU-heavy one on a node
+with few cores left pays, one with fewer cores per unit than the workload's pays nothing and gains nothing.
+Letting frugal pods gain what they lower it by attracted them to every node the rate calls starved: with the
+rate above the cores per GPU of the common nodes (the learned rate times 1.25 on the openb traces: all the G2
+nodes), pods failed from 75% arrival on and multigpu30 went from 3.2 to 10.8. A pod without GPUs pays no
+balance: the lookahead already counts what its cores take from the GPU shapes' copies, and charging it as well
+cost the CPU family most where the cluster's cores run out first (three times cpu100's CPU-only work, seeds
+42-45: 6.70 against 5.99 without; docs/policies.md).
 
 The demand is learned from the pods seen (the whole decayed histogram, since constrained shapes are many and
 small; the lookahead's target is the whole histogram too, see ``__init__``); the capacity per model comes from
@@ -497,7 +500,7 @@ class ScarcityLookahead(FragmentationLookahead):
                 # Started at 0.0, so that the sum is a float even when no copy is lost: mypyc's compiled product of
                 # an int and a "float or int" expects an int, and raised TypeError on the float.
                 cost += reserve.units * sum(price[:lost], 0.0)
-            if node.cpu_milli:
+            if node.cpu_milli and request.gpu_count:  # a pod without GPUs: see the module docstring
                 after = stranded(idle - sum(taken.values()), cpu_free - request.cpu_milli, per_unit)
                 cost += BALANCE_WEIGHT * max(0.0, after - stranded_now)
             costs.append(round(cost * PRECISION))
