@@ -60,20 +60,21 @@ MAX_CPU_ONLY_SCALE = 10
 
 
 def _scale(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--cpu-only-scale takes a number, not {text!r}.") from None
+    value = _number(text, "--cpu-only-scale")
     if not 0 <= value <= MAX_CPU_ONLY_SCALE:
         raise argparse.ArgumentTypeError(f"--cpu-only-scale must be from 0 to {MAX_CPU_ONLY_SCALE}, not {text}.")
     return value
 
 
-def _fraction(text: str, option: str, below_one: bool) -> float:
+def _number(text: str, option: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{option} takes a number, not {text!r}.") from None
+
+
+def _fraction(text: str, option: str, below_one: bool) -> float:
+    value = _number(text, option)
     if not (0 <= value < 1 if below_one else 0 <= value <= 1):
         allowed = "at least 0 and below 1" if below_one else "from 0 to 1"
         raise argparse.ArgumentTypeError(f"{option} must be {allowed}, not {text}.")
