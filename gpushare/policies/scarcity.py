@@ -247,10 +247,9 @@ REPRICES_KEPT = 256
 
 @dataclass(frozen=True, slots=True)
 class _Repriced:
-    """What a change of ``version`` touched: every node, or the nodes with GPUs of ``models`` and ``hosts``."""
+    """What a change of ``version`` touched: every node, or the ``hosts`` of reserves whose price moved."""
 
     every_node: bool
-    models: frozenset[str] = frozenset()
     hosts: frozenset[str] = frozenset()
 
 
@@ -258,15 +257,11 @@ _EVERY_NODE = _Repriced(every_node=True)
 
 
 def _touched(old: _Prices, new: _Prices) -> _Repriced:
-    """What moving from the ``old`` prices to the ``new`` ones touched, the reserves being the same."""
-    old_charge, old_reserves, old_per_unit = old
-    new_charge, new_reserves, new_per_unit = new
-    if old_per_unit != new_per_unit:  # every node's balance
-        return _EVERY_NODE
-    models = {m for m in old_charge.keys() | new_charge.keys() if old_charge.get(m) != new_charge.get(m)}
-    before, after = dict(old_reserves), dict(new_reserves)
+    """What moving from the ``old`` prices to the ``new`` ones touched, nothing learned in between: the model
+    charges and the cores per unit follow what is learned only, so only reserve prices can have moved."""
+    before, after = dict(old[1]), dict(new[1])
     moved = [reserve for reserve in before.keys() | after.keys() if before.get(reserve) != after.get(reserve)]
-    return _Repriced(False, frozenset(models), frozenset().union(*(r.hosts for r in moved)))
+    return _Repriced(False, frozenset().union(*(r.hosts for r in moved)))
 
 
 class ScarcityLookahead(FragmentationLookahead):
@@ -408,11 +403,9 @@ class ScarcityLookahead(FragmentationLookahead):
     def unchanged_since(self, version: int, node: Node) -> bool:
         """Whether ``evaluate`` answers for ``node`` now as it did while ``version`` was current.
 
-        Most changes of ``version`` move one price: the charge of one model, or the price of one reserve's copies
-        (113 of the 137 changes over 10,000 pods of openb's gpuspec20). A placement on a node pays only the
-        charges of the node's models and the prices of the reserves it hosts, so the nodes of the other models
-        and outside the reserves keep their answers; learning (the workload, the inventory, the nodes' sizes)
-        changes every node's.
+        A change of ``version`` that learned nothing moves the price of some reserve's copies, which only the
+        reserve's hosts pay: the other nodes keep their answers. Learning (the workload, the inventory, the
+        nodes' sizes) changes every node's, the model charges and the balance among them.
         """
         with self._lock:
             if version == self._version:
@@ -427,13 +420,9 @@ class ScarcityLookahead(FragmentationLookahead):
                 else:
                     changes = list(islice(reversed(self._repriced), since))
                     touched = _Repriced(any(c.every_node for c in changes),
-                                        frozenset().union(*(c.models for c in changes)),
                                         frozenset().union(*(c.hosts for c in changes)))
                 self._touched_since[version] = touched
-        if touched.every_node or node.name in touched.hosts:
-            return False
-        models = touched.models
-        return not any(gpu.model in models for gpu in node.gpus)
+        return not touched.every_node and node.name not in touched.hosts
 
     def _confined(self, histogram: Mapping[Shape, float]) -> tuple[_Reserve, ...]:
         reserves = []
