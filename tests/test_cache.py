@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.inspect import inspect_nodes
+from gpushare.cache.fitindex import read_window, sort_window
 from gpushare.cache.state import MAX_ANSWER_TABLES, MAX_GPU_NUMBERS, Carry, ClusterCache, ReservationError
 from gpushare.contract import (
     ANN_NODE_INVENTORY,
@@ -604,9 +605,29 @@ def test_the_states_filter_passes_on_are_those_of_the_nodes_that_passed_in_order
         assert out.left_out == ["d", "b", "ghost"]
         assert out.passed_states == [cache._node_states[n] for n in out.passed]
         assert out.passed_states[0] != out.passed_states[1]  # different nodes: different states
+        assert out.passed_counts == {state: 1 for state in out.passed_states}
     cache.upsert_pod(gpu_pod("more", 10, node="c", gpus=(0,)))  # c changes state and still fits
     out = cache.filter(["a", "c"], request, explain=False)
     assert out.passed == ["a", "c"] and out.passed_states == [cache._node_states["a"], cache._node_states["c"]]
+
+
+@given(st.lists(st.sampled_from([f"node-{i}" for i in range(12)]), unique=True),
+       st.dictionaries(st.sampled_from([f"node-{i}" for i in range(12)]), st.integers(1000, 1005)),
+       st.dictionaries(st.integers(1000, 1005), st.booleans()), st.data())
+def test_the_compiled_window_passes_read_and_split_the_names_one_by_one(
+        names: list[str], node_states: dict[str, int], table: dict[int, bool], data: st.DataObject) -> None:
+    """``read_window`` and ``sort_window`` (compiled) give what reading each name on its own gives: its state, the
+    shape's remembered fit, then the names that fit in order with their states, and each state's count."""
+    states, fits, unjudged = read_window(names, node_states, table)
+    assert states == [node_states.get(name) for name in names]
+    assert fits == [None if state is None else table.get(state) for state in states]
+    assert unjudged == (None in fits)
+    judged = [fit if fit is not None else data.draw(st.booleans()) for fit in fits]  # as the cache judges them
+    passed, failing, passed_states, counts = sort_window(names, states, judged)
+    assert passed == [name for name, fit in zip(names, judged, strict=True) if fit]
+    assert failing == [name for name, fit in zip(names, judged, strict=True) if not fit]
+    assert passed_states == [state for state, fit in zip(states, judged, strict=True) if fit]
+    assert list(counts.items()) == [(state, passed_states.count(state)) for state in dict.fromkeys(passed_states)]
 
 
 @settings(max_examples=150, deadline=None)
@@ -644,6 +665,7 @@ def test_the_favourite_is_the_highest_ranked_name_of_the_best_states_whatever_th
     expected = max((n for n, s in zip(out.passed, states, strict=True) if s in best),
                    key=lambda n: node_priority(n, seed))
     assert cache.favourite(out.passed, states, best) == expected
+    assert cache.favourite(out.passed, states, best, out.passed_counts) == expected  # as filter asks it
 
 
 def test_a_status_update_of_a_pod_as_accounted_rebuilds_nothing() -> None:

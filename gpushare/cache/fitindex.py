@@ -38,6 +38,49 @@ class FilterOutcome:
     passed_states: list[int | None] | None = None
     """The cache's state number of each of ``passed``, in order, where the filter read them; for scoring the same
     nodes with ``ClusterCache.evaluate_states`` without looking every name up again."""
+    passed_counts: dict[int | None, int] | None = None
+    """With ``passed_states``: how many of ``passed`` each of their states holds, the states in the order they first
+    appear (``ClusterCache.favourite`` counts the best states' names with it)."""
+
+
+def read_window(names: list[str], node_states: dict[str, int], table: dict[int, bool]
+                ) -> tuple[list[int | None], list[bool | None], bool]:
+    """Per name, its node's state number (``None``: no node the cache holds) and whether the shape fits that state
+    as ``table`` remembers it (``None``: not judged yet); and whether some name is left to judge.
+
+    One compiled pass instead of one C-level pass per list: a window of 500 names cost 68-71 us split that way and
+    53-57 us with ``sort_window``, of which 29-31 us are the state lookups themselves (the request's names are
+    strings of its own, compared with the cache's in memory the last window left cold).
+    """
+    states: list[int | None] = []
+    fits: list[bool | None] = []
+    unjudged = False
+    for name in names:
+        state = node_states.get(name)
+        fit = None if state is None else table.get(state)
+        unjudged = unjudged or fit is None
+        states.append(state)
+        fits.append(fit)
+    return states, fits, unjudged
+
+
+def sort_window(names: list[str], states: list[int | None], fits: list[bool | None]
+                ) -> tuple[list[str], list[str], list[int | None], dict[int | None, int]]:
+    """The names that fit and those that do not, in order, the states of the first, and how many of them each of
+    those states holds (in the order the states first appear), in one pass; ``fits`` has no ``None`` left."""
+    passed: list[str] = []
+    failing: list[str] = []
+    passed_states: list[int | None] = []
+    counts: dict[int | None, int] = {}
+    for i in range(len(names)):
+        if fits[i]:
+            state = states[i]
+            passed.append(names[i])
+            passed_states.append(state)
+            counts[state] = counts.get(state, 0) + 1
+        else:
+            failing.append(names[i])
+    return passed, failing, passed_states, counts
 
 
 def shape_key(request: PodRequest) -> tuple[Any, ...]:

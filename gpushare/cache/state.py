@@ -24,10 +24,18 @@ from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, 
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from itertools import compress, filterfalse, islice, repeat
-from operator import is_, not_
-from typing import Any, TypeVar, cast
+from operator import is_
+from typing import Any, TypeVar
 
-from gpushare.cache.fitindex import FilterOutcome, NodeSummary, fit_check, shape_key, summarise
+from gpushare.cache.fitindex import (
+    FilterOutcome,
+    NodeSummary,
+    fit_check,
+    read_window,
+    shape_key,
+    sort_window,
+    summarise,
+)
 from gpushare.contract import (
     ANN_AFFINITY,
     MemoryUnit,
@@ -233,9 +241,10 @@ class ClusterCache:
         """
         if request.sharing.constrained:
             return self._filter_sharing(names, request, pod_uid)
-        passed, failing, states = self._split(names, request)
+        passed, failing, states, counts = self._split(names, request)
         if not failing or (passed and not explain):
-            out = self._respect_nominated(FilterOutcome(passed, passed_states=states), request, pod_uid)
+            out = self._respect_nominated(FilterOutcome(passed, passed_states=states, passed_counts=counts), request,
+                                          pod_uid)
             if not failing or out.passed:
                 out.left_out = failing
                 return out
@@ -245,28 +254,25 @@ class ClusterCache:
         self._explain(failing, request, out)
         return self._respect_nominated(out, request, pod_uid)
 
-    def _split(self, names: list[str], request: PodRequest) -> tuple[list[str], list[str], list[int | None]]:
-        """The names where the request's shape fits, those where it does not, and the state ids of the first.
+    def _split(self, names: list[str], request: PodRequest
+               ) -> tuple[list[str], list[str], list[int | None], dict[int | None, int]]:
+        """The names where the request's shape fits, those where it does not, the state ids of the first, and how
+        many of them each of those states holds.
 
-        C-level passes: one lookup per name for its node's state, then one in the shape's table of states;
-        Python work only for the states the shape has not met (usually the few nodes changed since the last pod
-        of this shape), each judged once under one of its nodes' locks.
+        Compiled passes (``read_window``, ``sort_window``): one lookup per name for its node's state and one in the
+        shape's table of states; Python work only for the states the shape has not met (usually the few nodes
+        changed since the last pod of this shape), each judged once under one of its nodes' locks.
         """
         table = self._fit_table(request)
         # Lock-free: at worst the state of a node from just before a change.
-        states = list(map(self._node_states.get, names))
-        lookup = cast(Callable[[int | None], bool | None], table.get)  # None, for no node, is never a key
-        fits: list[bool | None] = list(map(lookup, states))
-        if None in fits:
+        states, fits, unjudged = read_window(names, self._node_states, table)
+        if unjudged:
             check = fit_check(request)
             for i in compress(range(len(fits)), map(is_, fits, repeat(None))):
                 state = states[i]
                 known = None if state is None else table.get(state)
                 fits[i] = known if known is not None else self._judge(names[i], table, check)
-        passed = list(compress(names, fits))
-        if len(passed) == len(names):
-            return passed, [], states
-        return passed, list(compress(names, map(not_, fits))), list(compress(states, fits))
+        return sort_window(names, states, fits)
 
     def _judge(self, name: str, table: dict[int, bool], check: Callable[[NodeSummary], bool]) -> bool:
         """Whether the node's current state admits the shape of ``check``, remembered in ``table``; ``False`` for
@@ -418,7 +424,8 @@ class ClusterCache:
 
     def evaluate_states(self, names: Sequence[str], key: Hashable, read: Callable[[Node], T],
                         max_reads: int | None = None, states: list[int | None] | None = None,
-                        carry: Carry | None = None) -> tuple[list[int | None], dict[int | None, T | None]] | None:
+                        carry: Carry | None = None, distinct: Iterable[int | None] | None = None
+                        ) -> tuple[list[int | None], dict[int | None, T | None]] | None:
         """The state id of each of ``names`` (``None`` for unknown nodes) and ``read``'s answer for each of those
         states, remembered under ``key`` for the state (``state_signature``): every node in that state shares it,
         and a node that changes gets its answer for its new state.
@@ -431,7 +438,8 @@ class ClusterCache:
         With ``max_reads``, ``None`` instead when more states than that have no answer yet (nothing is read):
         the caller can answer on its event loop when the work is lookups, and elsewhere when it is not.
         ``states``: the nodes' state ids as a filter just read them (``FilterOutcome.passed_states``), so that
-        the names are not looked up again. With ``carry``, a state without an answer under ``key`` takes the one
+        the names are not looked up again, and ``distinct``: those states, each once, in the order they first appear
+        (``FilterOutcome.passed_counts``). With ``carry``, a state without an answer under ``key`` takes the one
         it had under the family's key asked for before, where ``carry.unchanged_since`` says it still holds: not
         a read, so not counted against ``max_reads``.
         """
@@ -439,7 +447,8 @@ class ClusterCache:
         if states is None:
             # Lock-free: at worst the answer for the node's state from just before a change.
             states = list(map(self._node_states.get, names))
-        answers: dict[int | None, Any] = dict.fromkeys(states)  # each state once, in the order the names show them
+        # Each state once, in the order the names show them.
+        answers: dict[int | None, Any] = dict.fromkeys(states if distinct is None else distinct)
         missing = []
         for state in answers:
             if state is not None:
@@ -490,7 +499,8 @@ class ClusterCache:
         table = self._answer_tables.get(prior_key)
         return None if table is None else (version, table)
 
-    def favourite(self, names: Sequence[str], states: list[int | None], best: Collection[int | None]) -> str:
+    def favourite(self, names: Sequence[str], states: list[int | None], best: Collection[int | None],
+                  counts: Mapping[int | None, int] | None = None) -> str:
         """Of ``names``, in the ``states`` a filter read for them, the node in one of the ``best`` states that
         ``node_priority`` ranks highest (with the cache's seed): the policy's favourite, once the scores have chosen
         the states (``best_states``). Some name must be in a best state.
@@ -504,9 +514,11 @@ class ClusterCache:
         found: list[str] = []
         among: set[str] | None = None
         unwalked: set[int | None] = set()
-        # How many names each best state has, in one C-level pass (``states.count`` per state walked the window once
-        # for each: a sixth of a filter where many states tie).
-        counts = Counter(compress(states, map(best.__contains__, states)))
+        # How many names each best state has: ``counts`` where the filter's split counted them (each state's names),
+        # else one C-level pass (``states.count`` per state walked the window once for each: a sixth of a filter
+        # where many states tie).
+        if counts is None:
+            counts = Counter(compress(states, map(best.__contains__, states)))
         with self._index_lock:
             for state in best:
                 count = counts[state]
