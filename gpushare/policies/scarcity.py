@@ -276,7 +276,8 @@ class ScarcityLookahead(FragmentationLookahead):
         # the ones whose room the lookahead must keep, and the first to fail when it does not count them.
         super().__init__(workload if workload is not None else WorkloadDistribution(coverage=WHOLE_WORKLOAD))
         self._capacity: dict[str, int] = {}
-        self._pressure: dict[str, float] = {}
+        # Per pressed model, what a unit of its GPU memory pays (its pressure): learned, like the pressure.
+        self._charge: dict[str, float] = {}
         self._basis: tuple[int, int, int] = (-1, 0, 0)
         self._inventory_version = 0
         self._sizes_version = 0
@@ -380,7 +381,7 @@ class ScarcityLookahead(FragmentationLookahead):
         if learned:
             self._basis = basis
             histogram = self.workload.histogram()
-            self._pressure = model_pressure(histogram, self._capacity)
+            self._charge = {m: r for m, r in model_pressure(histogram, self._capacity).items() if r > 0}
             self._mean_units = sum(p * s.gpu_count * s.per_gpu for s, p in histogram.items())
             self._cores_per_unit = cores_per_unit(histogram)
             # A reserve the target had before keeps its counts, which ``_observe`` kept up to date: counting every
@@ -455,7 +456,6 @@ class ScarcityLookahead(FragmentationLookahead):
         still to come being its probability times the pods the free memory can still take; and the cores per unit
         of GPU memory."""
         free = sum(self._free.get(m, 0) for m in self._capacity)
-        charge = {m: r for m, r in self._pressure.items() if r > 0}
         prices = []
         for reserve, hosted in zip(self._reserves, self._hosted, strict=True):
             expected = reserve.probability * free / self._mean_units if self._mean_units > 0 else 0.0
@@ -467,7 +467,7 @@ class ScarcityLookahead(FragmentationLookahead):
             # Priced while the next copy lost may be needed (the copies after it are likelier still).
             if price[0]:
                 prices.append((reserve, price))
-        return charge, tuple(prices), self._cores_per_unit
+        return self._charge, tuple(prices), self._cores_per_unit
 
     def displacements(self, node: Node, request: PodRequest, takens: Sequence[dict[int, int]]) -> list[int]:
         self._refresh()
