@@ -116,8 +116,17 @@ class DemandSides:
 
     def __init__(self, demands: Sequence[Demand] = ()) -> None:
         """``demands`` (distinct) take the first numbers, in order, however many."""
-        self._numbers: dict[Demand, int] = {demand: number for number, demand in enumerate(demands)}
-        self._demands: list[Demand] = list(demands)
+        self._numbers: dict[Demand, int] = {}
+        self._demands: list[Demand] = []
+        # Per demand's number, the number of its kind: its share, or ``None`` when exclusive (what a pool's offer to it
+        # depends on, ``_offer``), numbered in order met; and each kind's (share, exclusive) by its number.
+        self._kinds: list[int] = []
+        self._kind_numbers: dict[int | None, int] = {}
+        self._kind_values: list[tuple[int, bool]] = []
+        # Per demand's number: the number, and the memory a copy takes when it is the same on every set of pools (a
+        # share: ``None`` otherwise), as the objects ``_values`` holds: read as they are, not looked up there, for
+        # every demand a side lists (a side worked out afresh took a third less time, 100 demands in 197 listed).
+        self._fixed: list[tuple[object, object | None]] = []
         self._accepts: dict[str, tuple[bool, ...]] = {}
         # Per set of pools: how many demands its side covers (the first so many numbers), and the side.
         self._sides: dict[tuple[Pool, ...], tuple[int, GPUSide]] = {}
@@ -127,6 +136,28 @@ class DemandSides:
         # int object each cost 28 bytes beyond its place in the tuple. Typed ``object`` so that compiled code keeps
         # the object kept here instead of boxing the value anew. Emptied with the store.
         self._values: dict[object, object] = {}
+        for demand in demands:
+            self._add(demand)
+
+    def _add(self, demand: Demand) -> None:
+        """Number ``demand`` (new to this numbering)."""
+        count, per_gpu, exclusive, _ = demand
+        kind = None if exclusive else per_gpu
+        kind_number = self._kind_numbers.get(kind)
+        if kind_number is None:
+            kind_number = self._kind_numbers[kind] = len(self._kind_values)
+            self._kind_values.append((per_gpu, exclusive))
+        number: object = len(self._demands)
+        per_copy: object | None = per_gpu * count if per_gpu > 0 and not exclusive else None
+        self._fixed.append(self._kept(number, per_copy))
+        self._numbers[demand] = len(self._demands)
+        self._demands.append(demand)
+        self._kinds.append(kind_number)
+
+    def _kept(self, number: object, per_copy: object | None) -> tuple[object, object | None]:
+        """A demand's fixed numbers as the objects ``_values`` holds."""
+        values = self._values
+        return values.setdefault(number, number), None if per_copy is None else values.setdefault(per_copy, per_copy)
 
     def number(self, demands: Sequence[Demand]) -> list[int] | None:
         """The numbers of ``demands`` (distinct), numbering those new to it; ``None``, numbering none, when they would
@@ -135,8 +166,7 @@ class DemandSides:
         if len(self._demands) + len(new) > DEMANDS_LIMIT:
             return None
         for demand in new:
-            self._numbers[demand] = len(self._demands)
-            self._demands.append(demand)
+            self._add(demand)
         return [self._numbers[demand] for demand in demands]
 
     def table_size(self) -> int:
@@ -156,14 +186,15 @@ class DemandSides:
         held = self._numbers_held + len(new)
         values = self._values
         if len(self._sides) >= GPU_SIDES_LIMIT or held > GPU_SIDE_NUMBERS_LIMIT:
-            # Emptied before this side's numbers are kept (those of the entry it extends too), so that the sides
+            # Emptied, and this side's numbers (those of the entry it extends too) kept anew, so that the sides
             # worked out next share them.
             self._sides.clear()
             values.clear()
+            self._fixed = [self._kept(number, per_copy) for number, per_copy in self._fixed]
             held = len(hosted) + len(new)
-            new, hosted = [*hosted, *new], ()
-        added: list[object] = [values.setdefault(n, n) for n in new]
-        side = (idle, hosted + cast(tuple[int, ...], tuple(added)))
+            new = [values.setdefault(n, n) for n in (*cast(tuple[object, ...], hosted), *new)]
+            hosted = ()
+        side = (idle, hosted + cast(tuple[int, ...], tuple(new)))
         self._sides[pools] = (numbered, side)
         self._numbers_held = held
         return side
@@ -175,23 +206,25 @@ class DemandSides:
             found = self._accepts[model] = tuple(rule.accepts(model) for _, _, _, rule in self._demands[:numbered])
         return found
 
-    def _hosted(self, pools: tuple[Pool, ...], demands: range) -> list[int]:
-        """Of ``demands`` (numbers), those of which a copy fits: the four numbers of each."""
-        hosted: list[int] = []
-        # What a pool offers a demand depends on the demand's share and exclusiveness only, which many demands have
-        # in common (gpuspec20's 63 demands have 20 of them): each pool works each one out once per call. Per pool,
-        # by share (None: exclusive).
-        offers: list[dict[int | None, tuple[int, int, int]]] = [{} for _ in pools]
-        accepted = [(self._accepted(model, demands.stop), frees, wholes, known)
-                    for (model, frees, wholes), known in zip(pools, offers, strict=True)]
+    def _hosted(self, pools: tuple[Pool, ...], demands: range) -> list[object]:
+        """Of ``demands`` (numbers), those of which a copy fits: the four numbers of each, as objects of ``_values``."""
+        hosted: list[object] = []
+        values = self._values
+        kinds, kind_values = self._kinds, self._kind_values
+        # What a pool offers a demand depends on the demand's kind only, which many demands have in common
+        # (gpuspec20's 63 demands have 20 of them): each pool works each kind out once per call, kept by the kind's
+        # number (a list read, where a dict keyed by the share boxed each share anew).
+        accepted = [(self._accepted(model, demands.stop), frees, wholes,
+                     cast(list[tuple[int, int, int] | None], [None] * len(kind_values)))
+                    for model, frees, wholes in pools]
         for i in demands:
             count, per_gpu, exclusive, _ = self._demands[i]
+            kind = kinds[i]
             usable = copies = hosts = 0
             for accepts, frees, wholes, known in accepted:
                 if not accepts[i]:
                     continue
-                kind = None if exclusive else per_gpu
-                offer = known.get(kind)
+                offer = known[kind]
                 if offer is None:
                     offer = known[kind] = _offer(frees, wholes, per_gpu, exclusive)
                 hosts += offer[0]
@@ -201,9 +234,18 @@ class DemandSides:
                 copies = hosts // count if count else 0
             if copies <= 0:  # not one copy fits (too few GPUs with room): its shapes use nothing
                 continue
-            # Never more than usable / copies: each copy takes its share of the GPUs counted in ``usable``.
-            per_copy = per_gpu * count if per_gpu > 0 and not exclusive else (usable // hosts * count if hosts else 0)
-            hosted.extend((i, usable, copies, per_copy))
+            # Boxed once each and kept as the object ``_values`` holds (see there), unless the demand has its own.
+            number, per_copy = self._fixed[i]
+            boxed_usable: object = usable
+            boxed_copies: object = copies
+            hosted.append(number)
+            hosted.append(values.setdefault(boxed_usable, boxed_usable))
+            hosted.append(values.setdefault(boxed_copies, boxed_copies))
+            if per_copy is None:
+                # Never more than usable / copies: each copy takes its share of the GPUs counted in ``usable``.
+                boxed: object = usable // hosts * count if hosts else 0
+                per_copy = values.setdefault(boxed, boxed)
+            hosted.append(per_copy)
         return hosted
 
 
