@@ -17,6 +17,7 @@ from gpushare.policies.fgd import (
     DEMANDS_LIMIT,
     GPU_SIDE_NUMBERS_LIMIT,
     PRECISION,
+    Demand,
     DemandSides,
     FragmentationGradient,
     Pool,
@@ -293,9 +294,9 @@ def test_fgd_weighs_a_share_by_its_class_on_the_gpus_its_exact_share_fits(name: 
     assert isinstance(policy, FragmentationGradient)
     low, high, beyond = (policy.gpu_choices(host, share(units)) for units in (571, 574, 578))
     assert low is not None and high is not None and beyond is not None
-    assert [(gpus, pools) for gpus, _, pools in low.options] == [(gpus, pools) for gpus, _, pools in high.options]
-    assert [gpus for gpus, _, _ in low.options] == [(0,), (1,)]
-    assert [gpus for gpus, _, _ in beyond.options] == [(0,)]
+    assert [(gpus, pools) for gpus, _, pools, _ in low.options] == [(gpus, pools) for gpus, _, pools, _ in high.options]
+    assert [gpus for gpus, _, _, _ in low.options] == [(0,), (1,)]
+    assert [gpus for gpus, _, _, _ in beyond.options] == [(0,)]
     assert policy.evaluate(host, share(571)) == policy.evaluate(host, share(574))
     placed = policy.evaluate(host, share(578))
     assert placed is not None and placed.gpus == (0,)
@@ -456,6 +457,47 @@ def test_the_gpu_sides_of_many_demands_are_held_within_a_bound_on_their_numbers_
         assert sides.side(pools, len(demands)) == DemandSides(demands).side(pools, len(demands))
 
 
+def _pools_of(gpus: list[tuple[str, int, bool]]) -> tuple[Pool, ...]:
+    """Pools as the policies build them, from (model, free units of 1,000, untouched) per GPU."""
+    return tuple((model, tuple(sorted(free for m, free, _ in gpus if m == model)),
+                  tuple(sorted(free for m, free, whole in gpus if m == model and whole)))
+                 for model in sorted({m for m, _, _ in gpus}))
+
+
+def _entries(hosted: tuple[int, ...]) -> list[tuple[int, ...]]:
+    return sorted(hosted[i:i + 4] for i in range(0, len(hosted), 4))
+
+
+# Free memory and shares: often the demands' own shares and their sums, so that what is left lands on a share.
+_UNITS = st.one_of(st.sampled_from([0, 50, 100, 250, 500, 750, 990, 1000]), st.integers(0, 1000))
+_DEMANDS = st.lists(st.tuples(st.integers(0, 4), st.sampled_from([0, 50, 100, 250, 500, 990, 1000]), st.booleans(),
+                              st.sampled_from([ModelRule(), ModelRule(("T4",)), ModelRule(("G2", "V100M16"))])),
+                    min_size=1, max_size=24, unique=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(gpus=st.lists(st.tuples(st.sampled_from(_MODELS), _UNITS), min_size=1, max_size=8),
+       demands=_DEMANDS, later=_DEMANDS, taken=_UNITS)
+def test_a_gpu_side_moved_by_a_share_taken_from_one_gpu_is_the_side_worked_out_afresh(
+        gpus: list[tuple[str, int]], demands: list[Demand], later: list[Demand], taken: int) -> None:
+    """A placement's pools after, from its pools before and a one-GPU share taken: the side moved from the side
+    before is the one a fresh store works out, for the demands numbered since the side before too. Taken from each
+    GPU in turn, as drawn and so as to leave exactly each demand's share."""
+    rows = [(model, free, free == 1000) for model, free in gpus]
+    later = [demand for demand in later if demand not in demands]
+    everything = [*demands, *later]
+    for index, (model, free, _) in enumerate(rows):
+        for amount in {min(taken, free), *(free - per_gpu for _, per_gpu, _, _ in everything if per_gpu <= free)}:
+            before = _pools_of(rows)
+            after = _pools_of([(m, f - amount, False) if i == index else (m, f, w) for i, (m, f, w) in enumerate(rows)])
+            sides = DemandSides(demands)
+            sides.side(before, len(demands))
+            assert sides.number(later) is not None
+            moved = sides.side(after, len(everything), (before, (model, free, amount)))
+            fresh = DemandSides(everything).side(after, len(everything))
+            assert moved[0] == fresh[0] and _entries(moved[1]) == _entries(fresh[1])
+
+
 def test_a_gpu_side_extended_as_it_fills_the_store_shares_its_numbers_with_the_sides_after_it() -> None:
     """A side extended by newly numbered demands just as the store is full: the store is emptied, and the side's
     numbers, those it already held included, are the objects the sides worked out next hold."""
@@ -492,7 +534,7 @@ def test_the_memos_of_gpu_choices_and_gpu_sides_hold_each_distinct_row_pool_and_
             assert kept.evaluate(host, request) == FragmentationLookahead(workload(*shapes)).evaluate(host, request)
     rows = [row for (gpus, _, _), *_ in kept._choices for row in gpus]
     pools = [pool for choices in kept._choices.values() if choices is not None
-             for pools_ in (choices.before, *(after for _, _, after in choices.options)) for pool in pools_]
+             for pools_ in (choices.before, *(after for _, _, after, _ in choices.options)) for pool in pools_]
     assert len({id(row) for row in rows}) == len(set(rows)) < len(rows)
     assert len({id(pool) for pool in pools}) == len(set(pools)) < len(pools)
     assert _held_once(kept.sides._sides)

@@ -75,6 +75,11 @@ def demand_of(shape: Shape) -> Demand:
 # 10,000 pods on 5,000 nodes: 6,800 for all targets together), so the limit leaves room for more varied fleets and
 # keeps a store under 60 MB.
 GPUSide = tuple[int, tuple[int, ...]]
+# How a set of pools was made from another by taking memory from one GPU: its model, its free memory before and the
+# units taken (a one-GPU share placed on it).
+Taking = tuple[str, int, int]
+# The pools a placement's pools after were made from, and how (see ``DemandSides.side``).
+Origin = tuple[tuple["Pool", ...], Taking]
 GPU_SIDES_LIMIT = 20_000
 # The numbers all entries hold together: a bound on the store's memory whatever the number of demands. With hundreds
 # of distinct GPU shares (memory asked in MiB, each pod its own amount) an entry lists a thousand numbers, and 5,130
@@ -173,15 +178,20 @@ class DemandSides:
         """How long a table indexed by this numbering's numbers must be: no number ever reaches it."""
         return max(DEMANDS_LIMIT, len(self._demands))
 
-    def side(self, pools: tuple[Pool, ...], covering: int) -> GPUSide:
-        """The pools' GPU side, covering at least the first ``covering`` demands numbered."""
+    def side(self, pools: tuple[Pool, ...], covering: int, origin: Origin | None = None) -> GPUSide:
+        """The pools' GPU side, covering at least the first ``covering`` demands numbered; ``origin``, where the pools
+        were made from others by a one-GPU share taken (a placement's pools after, from those before)."""
         found = self._sides.get(pools)
         if found is not None and found[0] >= covering:
             return found[1]
         # A side worked out before some demand was numbered is extended by those numbered since.
         covered, (idle, hosted) = found if found is not None else (0, (sum(sum(frees) for _, frees, _ in pools), ()))
         numbered = len(self._demands)
-        new = self._hosted(pools, range(covered, numbered))
+        source = self._sides.get(origin[0]) if found is None and origin is not None else None
+        if origin is not None and source is not None:
+            new = self._moved(pools, source, origin[1], numbered)
+        else:
+            new = self._hosted(pools, range(covered, numbered))
         # An extended entry replaces the one it was worked out from.
         held = self._numbers_held + len(new)
         values = self._values
@@ -206,7 +216,49 @@ class DemandSides:
             found = self._accepts[model] = tuple(rule.accepts(model) for _, _, _, rule in self._demands[:numbered])
         return found
 
-    def _hosted(self, pools: tuple[Pool, ...], demands: range) -> list[object]:
+    def _moved(self, pools: tuple[Pool, ...], source: tuple[int, GPUSide], taking: Taking, numbered: int
+               ) -> list[object]:
+        """``_hosted`` for all demands numbered, of pools made from those of ``source`` (the origin's entry) by
+        ``taking``: each of the origin's demands moved by what that one GPU no longer offers it.
+
+        Memory taken never lets a copy fit that did not, so only the demands the origin hosts, and those numbered
+        since its side was worked out, can be hosted. A one-GPU share uses the GPUs' memory one by one, so its
+        usable memory and copies move by that GPU's alone; the others (several GPUs, whole GPUs, no memory) are
+        worked out afresh. With every sharing pod its own share, each placement's pools after are met once: this
+        is most of the sides a filter works out.
+        """
+        model, free, taken = taking
+        left = free - taken
+        origin_covered, (_, origin_hosted) = source
+        kept = cast(tuple[object, ...], origin_hosted)  # the origin's numbers as the objects it holds
+        accepts = self._accepted(model, numbered)
+        values = self._values
+        hosted: list[object] = []
+        afresh: list[int] = []
+        for j in range(0, len(origin_hosted), 4):
+            i = origin_hosted[j]
+            count, per_gpu, exclusive, _ = self._demands[i]
+            if count != 1 or per_gpu <= 0 or exclusive:
+                afresh.append(i)
+                continue
+            if not accepts[i] or per_gpu > free:  # the GPU offered it nothing, and offers nothing now
+                hosted.extend(kept[j:j + 4])
+                continue
+            copies = origin_hosted[j + 2] - free // per_gpu + left // per_gpu
+            if copies <= 0:
+                continue
+            usable = origin_hosted[j + 1] - free + (left if left >= per_gpu else 0)
+            boxed_usable: object = usable
+            boxed_copies: object = copies
+            hosted.append(kept[j])
+            hosted.append(values.setdefault(boxed_usable, boxed_usable))
+            hosted.append(values.setdefault(boxed_copies, boxed_copies))
+            hosted.append(kept[j + 3])
+        afresh.extend(range(origin_covered, numbered))
+        hosted.extend(self._hosted(pools, afresh))
+        return hosted
+
+    def _hosted(self, pools: tuple[Pool, ...], demands: Sequence[int]) -> list[object]:
         """Of ``demands`` (numbers), those of which a copy fits: the four numbers of each, as objects of ``_values``."""
         hosted: list[object] = []
         values = self._values
@@ -214,7 +266,7 @@ class DemandSides:
         # What a pool offers a demand depends on the demand's kind only, which many demands have in common
         # (gpuspec20's 63 demands have 20 of them): each pool works each kind out once per call, kept by the kind's
         # number (a list read, where a dict keyed by the share boxed each share anew).
-        accepted = [(self._accepted(model, demands.stop), frees, wholes,
+        accepted = [(self._accepted(model, len(self._demands)), frees, wholes,
                      cast(list[tuple[int, int, int] | None], [None] * len(kind_values)))
                     for model, frees, wholes in pools]
         for i in demands:
@@ -331,19 +383,19 @@ class FragmentationMeasure:
     def state(self, cpu_free: int, pools: tuple[Pool, ...]) -> StateKey:
         return (bisect_right(self.thresholds, cpu_free), pools)
 
-    def of(self, state: StateKey) -> int:
-        """``amount``, remembered."""
+    def of(self, state: StateKey, origin: Origin | None = None) -> int:
+        """``amount``, remembered (``origin``: see ``DemandSides.side``)."""
         found = self._memo.get(state)
         if found is None:
             if len(self._memo) >= MEMO_LIMIT:
                 self._memo.clear()
-            found = self._memo[state] = self.amount(state)
+            found = self._memo[state] = self.amount(state, origin)
         return found
 
-    def amount(self, state: StateKey) -> int:
+    def amount(self, state: StateKey, origin: Origin | None = None) -> int:
         """F in memory units times ``PRECISION``."""
         cpu_class, pools = state
-        idle, hosted = self.gpu_side(pools)
+        idle, hosted = self.gpu_side(pools, origin)
         if idle == 0:
             return 0
         used = 0
@@ -356,9 +408,9 @@ class FragmentationMeasure:
                 used += ranks.below[bisect_left(ranks.keys, cpu_class)] * hosted[i + 1]
         return self.weight * idle - used
 
-    def gpu_side(self, pools: tuple[Pool, ...]) -> GPUSide:
+    def gpu_side(self, pools: tuple[Pool, ...], origin: Origin | None = None) -> GPUSide:
         """The pools' idle memory, and the four numbers of each demand of which a copy fits (see ``GPUSide``)."""
-        return self._sides.side(pools, self._covering)
+        return self._sides.side(pools, self._covering, origin)
 
 
 def _whole(gpu: GPU) -> bool:
@@ -414,7 +466,8 @@ class GPUChoices:
     workload, so it outlives target changes; nodes in the same GPU state share it."""
 
     before: tuple[Pool, ...]
-    options: tuple[tuple[tuple[int, ...], dict[int, int], tuple[Pool, ...]], ...]
+    # Per option: the GPUs, the units taken of each, the pools after, and their origin where one GPU is shared.
+    options: tuple[tuple[tuple[int, ...], dict[int, int], tuple[Pool, ...], Origin | None], ...]
     largest: int  # the node's largest GPU, in memory units (0 without GPUs)
 
 
@@ -471,10 +524,10 @@ class FragmentationGradient:
         before = measure.of(self._state(measure, node, cpu_free, view.before))
         gpu_size = view.largest or 1
         best: tuple[tuple[float, ...], tuple[int, ...]] | None = None
-        costs = self.displacements(node, request, [taken for _, taken, _ in view.options])
-        for (gpus, _, pools), cost in zip(view.options, costs, strict=True):
+        costs = self.displacements(node, request, [taken for _, taken, _, _ in view.options])
+        for (gpus, _, pools, origin), cost in zip(view.options, costs, strict=True):
             after = self._state(measure, node, cpu_free - request.cpu_milli, pools)
-            growth = measure.of(after) - before + cost
+            growth = measure.of(after, origin) - before + cost
             rank = self.rank(growth, gpu_size)
             if best is None or rank > best[0]:
                 best = (rank, gpus)
@@ -505,12 +558,16 @@ class FragmentationGradient:
             # after, whose F is remembered, instead of one never met for each. The GPUs compared are those the
             # exact share fits, and the bind takes the exact share.
             weighed = share_class(request.per_gpu)
+            before = self._shared_pools(_pools(rows, {}))
             options = []
             for chosen in self.choices(hosts, request):
                 taken = {g.index: g.free if request.exclusive else weighed for g in chosen}
                 taken = self._takens.setdefault(tuple(taken.items()), taken)
-                options.append((tuple(g.index for g in chosen), taken, self._shared_pools(_pools(rows, taken))))
-            found = GPUChoices(self._shared_pools(_pools(rows, {})), tuple(options),
+                origin: Origin | None = None
+                if len(chosen) == 1 and not request.exclusive:
+                    origin = (before, (chosen[0].model, chosen[0].free, weighed))
+                options.append((tuple(g.index for g in chosen), taken, self._shared_pools(_pools(rows, taken)), origin))
+            found = GPUChoices(before, tuple(options),
                                max((g.total for g in node.gpus), default=0))
         self._choices[self._stored_key(key)] = found
         return found

@@ -34,6 +34,7 @@ from gpushare.policies.fgd import (
     SCORE_LEVELS,
     FragmentationGradient,
     FragmentationMeasure,
+    Origin,
     Pool,
     SharedSides,
     StateKey,
@@ -73,9 +74,9 @@ class CapacityMeasure(FragmentationMeasure):
     def state(self, cpu_free: int, pools: tuple[Pool, ...]) -> StateKey:
         return (cpu_free, pools)
 
-    def amount(self, state: StateKey) -> int:
+    def amount(self, state: StateKey, origin: Origin | None = None) -> int:
         cpu_free, pools = state
-        idle, hosted = self.gpu_side(pools)
+        idle, hosted = self.gpu_side(pools, origin)
         if idle == 0:
             return 0
         # All the idle memory is fragment for every shape, less what each could use: nothing for the shapes that
