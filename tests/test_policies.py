@@ -284,7 +284,7 @@ def test_where_a_pod_fits_its_memory_request_changes_no_score(frees: list[int], 
 def test_fgd_weighs_a_share_by_its_class_on_the_gpus_its_exact_share_fits(name: str) -> None:
     """Shares of one class (two significant digits, as the target keeps them) meet the same states after each
     placement, so that F remembered for one serves the others; the GPUs compared are still those the exact share
-    fits, and where the same GPUs fit, the answers are the same."""
+    fits, and where the same GPUs fit, the answers are the same, remembered once."""
     host = node("n", 1000, 575, 300)
     policy = make_policy(name, workload((Shape(1, 570), 1.0), (Shape(1, 250), 1.0)))
     if follows_inventory(policy):
@@ -297,6 +297,7 @@ def test_fgd_weighs_a_share_by_its_class_on_the_gpus_its_exact_share_fits(name: 
     assert [(gpus, pools) for gpus, _, pools, _ in low.options] == [(gpus, pools) for gpus, _, pools, _ in high.options]
     assert [gpus for gpus, _, _, _ in low.options] == [(0,), (1,)]
     assert [gpus for gpus, _, _, _ in beyond.options] == [(0,)]
+    assert low is high and beyond is not low  # the GPU with 575 free lies between 574 and 578
     assert policy.evaluate(host, share(571)) == policy.evaluate(host, share(574))
     placed = policy.evaluate(host, share(578))
     assert placed is not None and placed.gpus == (0,)

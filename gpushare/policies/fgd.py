@@ -445,7 +445,20 @@ _GPU_FIELDS = attrgetter("index", "model", "total", "used", "compute_used", "hol
 # A node's GPU state: per GPU its fields (``_GPU_FIELDS``), the GPUs' links and their sharing values.
 GPUState = tuple[tuple[Hashable, ...], Hashable, Hashable]
 # What the GPU choices for a request depend on: the GPU state and the request's GPU fields.
-ChoicesKey = tuple[GPUState, int, int, bool, int, ModelRule, Sharing, bool]
+ChoicesKey = tuple[GPUState, int, int, int, bool, int, ModelRule, Sharing, bool]
+
+
+def least_room(gpus: Sequence[GPU], request: PodRequest) -> int:
+    """The least room for the request's share among the GPUs with enough (free memory, or a whole GPU's for an
+    exclusive pod: what ``GPU.has_room`` compares the share with); -1 where none has enough. A share fits the same
+    GPUs as this amount does."""
+    least = -1
+    per_gpu, exclusive = request.per_gpu, request.exclusive
+    for gpu in gpus:
+        room = gpu.total if exclusive else gpu.total - gpu.used
+        if per_gpu <= room and (least < 0 or room < least):
+            least = room
+    return least
 
 
 def gpu_state(node: Node) -> GPUState:
@@ -539,8 +552,11 @@ class FragmentationGradient:
         """The node's GPU side for the request (``None``: too few GPUs can host it), memoised per GPU state:
         most nodes a pod is weighed against share their GPU state with others, or with the same node before
         a target change."""
-        key: ChoicesKey = (gpu_state(node), request.gpu_count, request.per_gpu, request.exclusive,
-                           request.compute_percent, request.models, request.sharing, request.affinity_held)
+        # The share enters as the GPUs it fits and as its class: pods whose shares differ (memory asked in MiB, each
+        # pod its own amount) have the same choices on a node where no GPU's room lies between them.
+        key: ChoicesKey = (gpu_state(node), request.gpu_count, least_room(node.gpus, request),
+                           share_class(request.per_gpu), request.exclusive, request.compute_percent, request.models,
+                           request.sharing, request.affinity_held)
         # One lookup, not two: the key, a tuple of tuples, is hashed anew at each.
         known = self._choices.get(key, _UNSEEN)
         if known is not _UNSEEN:
