@@ -320,6 +320,24 @@ def test_nodes_in_one_state_share_a_reason_and_a_node_that_changed_is_judged_aga
     assert sum(map(len, cache._reason_tables.values())) == 1 + 2  # the second shape met two states
 
 
+def test_a_state_is_judged_on_its_summary_while_a_node_is_in_it_and_by_name_once_it_ended() -> None:
+    """Filter judges a state the shape has not met on the summary kept for that state, as long as some node is in it;
+    a node read in a state that has just ended (its summary gone) is judged by name on its node's state now."""
+    cache = ClusterCache()
+    for name in ("a", "b", "c"):
+        cache.upsert_node(node_info(name, [16384]))
+    shared = cache._node_states["a"]
+    assert cache._node_states["b"] == shared and list(cache._state_summaries) == [shared]
+    cache.upsert_pod(gpu_pod("x", 10, node="a", gpus=(0,), phase="Running"))
+    cache.delete_node("c")
+    assert set(cache._state_summaries) == {cache._node_states["a"], shared}  # b is still in the first state
+    cache.delete_node("b")
+    assert list(cache._state_summaries) == [cache._node_states["a"]]
+    del cache._state_summaries[cache._node_states["a"]]  # as if a's state ended while the window was read
+    assert cache.filter(["a"], parse_request(gpu_pod("p", 6))).passed == ["a"]
+    assert cache.filter(["a"], parse_request(gpu_pod("q", 7))).passed == []
+
+
 @st.composite
 def clusters(draw: st.DrawFn) -> tuple[list[NodeInfo], list[PodInfo], PodInfo]:
     nodes = []
@@ -359,6 +377,8 @@ def test_filter_agrees_with_the_model(cluster: tuple[list[NodeInfo], list[PodInf
     out = cache.filter([n.name for n in nodes], request)
     expected = [n.name for n in nodes if build_node(n, MemoryUnit.GiB, pods).fits(request)]
     assert out.passed == expected
+    # A shape new to the cache judges each state on the summary kept per state: those of the states nodes are in.
+    assert cache._state_summaries == {state: cache._summaries[name] for name, state in cache._node_states.items()}
     assert set(out.failed) | set(out.unresolvable) == {n.name for n in nodes} - set(expected)
     assert not out.left_out
     # Unexplained: the same nodes pass; the others are worded only when none passes, else just listed.

@@ -64,6 +64,34 @@ def read_window(names: list[str], node_states: dict[str, int], table: dict[int, 
     return states, fits, unjudged
 
 
+def judge_window(states: list[int | None], fits: list[bool | None], table: dict[int, bool],
+                 summaries: dict[int, NodeSummary], check: Callable[[NodeSummary], bool]) -> tuple[list[int], int]:
+    """Fill in ``fits`` where ``read_window`` left ``None``, judging each state the shape has not met once, on the
+    summary of that state, and remembering the answer in ``table``; the indices left (no state, or no summary: a
+    state that ended since the window was read), and how many answers ``table`` gained.
+
+    With every pod a shape of its own (its own CPU, or its own GPU share) every name of the window is left to judge,
+    and their states (60 distinct in 450 names, gpuspec20's pods with their CPU spread on openb's fleet) were judged
+    under each node's lock, 94 us a filter.
+    """
+    left: list[int] = []
+    added = 0
+    for i in range(len(fits)):
+        if fits[i] is not None:
+            continue
+        state = states[i]
+        fit = None if state is None else table.get(state)
+        if fit is None:
+            summary = None if state is None else summaries.get(state)
+            if state is None or summary is None:
+                left.append(i)
+                continue
+            fit = table[state] = check(summary)
+            added += 1
+        fits[i] = fit
+    return left, added
+
+
 def sort_window(names: list[str], states: list[int | None], fits: list[bool | None]
                 ) -> tuple[list[str], list[str], list[int | None], dict[int | None, int]]:
     """The names that fit and those that do not, in order, the states of the first, and how many of them each of

@@ -23,14 +23,14 @@ from collections import Counter
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
-from itertools import compress, filterfalse, islice, repeat
-from operator import is_
+from itertools import compress, filterfalse, islice
 from typing import Any, TypeVar
 
 from gpushare.cache.fitindex import (
     FilterOutcome,
     NodeSummary,
     fit_check,
+    judge_window,
     read_window,
     shape_key,
     sort_window,
@@ -154,6 +154,9 @@ class ClusterCache:
         self._next_state_id = 0
         self._gpu_numbers: dict[Hashable, int] = {}
         self._node_states: dict[str, int] = {}
+        # Node state id -> the summary of that state (equal states, equal summaries), for the states some node is in:
+        # filter judges a state the shape has not met from it, in a compiled pass, without the node's lock.
+        self._state_summaries: dict[int, NodeSummary] = {}
         # Node state id -> the names of the nodes in that state, by ``node_priority``, lowest first.
         self._ranked: dict[int, list[str]] = {}
         # key -> node state id -> answer.
@@ -167,7 +170,8 @@ class ClusterCache:
         self._used: dict[Hashable, int] = {}
         self._uses = itertools.count()
         # Answers remembered so far, in tables of either kind: every ``MEMO_CHECK_EVERY`` the kind's total is checked.
-        self._remembered = itertools.count(1)
+        # Read and added to without a lock: a count lost to a race only delays a check.
+        self._remembered = 0
         self._capacity: dict[str, int] | None = None
         # Pods a preemption nominated to a node and not bound yet, by node: rare, so read outside the fit index.
         self._nominated: dict[str, dict[str, tuple[str, PodRequest]]] = {}
@@ -268,15 +272,17 @@ class ClusterCache:
         states, fits, unjudged = read_window(names, self._node_states, table)
         if unjudged:
             check = fit_check(request)
-            for i in compress(range(len(fits)), map(is_, fits, repeat(None))):
-                state = states[i]
-                known = None if state is None else table.get(state)
-                fits[i] = known if known is not None else self._judge(names[i], table, check)
+            left, added = judge_window(states, fits, table, self._state_summaries, check)
+            if added:
+                self._bound(table, added)
+            for i in left:
+                fits[i] = self._judge(names[i], table, check)
         return sort_window(names, states, fits)
 
     def _judge(self, name: str, table: dict[int, bool], check: Callable[[NodeSummary], bool]) -> bool:
         """Whether the node's current state admits the shape of ``check``, remembered in ``table``; ``False`` for
-        a node the cache does not know (filter words it)."""
+        a node the cache does not know (filter words it). For the names ``judge_window`` leaves: a node read
+        without a state, or in a state that ended as the window was read."""
         entry = self._entries.get(name)
         if entry is None:
             return False
@@ -564,16 +570,22 @@ class ClusterCache:
         return read
 
     def _remember(self, table: dict[int, Any], state: int, answer: Any) -> None:
-        """``table[state] = answer``, within ``MAX_STATE_ANSWERS`` and, for the tables of each kind together,
-        ``MAX_MEMO_ENTRIES``."""
-        if len(table) >= MAX_STATE_ANSWERS:
+        """``table[state] = answer``, within the bounds of ``_bound``."""
+        table[state] = answer
+        self._bound(table, 1)
+
+    def _bound(self, table: dict[int, Any], added: int) -> None:
+        """Keep ``table``, just given ``added`` answers, within ``MAX_STATE_ANSWERS`` and the tables of each kind
+        together within ``MAX_MEMO_ENTRIES``."""
+        if len(table) > MAX_STATE_ANSWERS:
             # Lock-free, like the readers: at worst a state that has just ended is kept until the next time.
             for dead in list(filterfalse(self._ranked.__contains__, table)):
                 table.pop(dead, None)
             if len(table) > MAX_STATE_ANSWERS // 2:
                 table.clear()
-        table[state] = answer
-        if next(self._remembered) % MEMO_CHECK_EVERY == 0:
+        before = self._remembered
+        self._remembered = before + added
+        if before // MEMO_CHECK_EVERY != self._remembered // MEMO_CHECK_EVERY:
             with self._index_lock:
                 for tables in (self._fit_tables, self._answer_tables, self._reason_tables):
                     _evict_least_used(tables, self._used, MAX_MEMO_ENTRIES, len)
@@ -900,6 +912,7 @@ class ClusterCache:
             else:
                 state_id = entry.state_id = self._state_id(entry.state, gpus)
                 self._node_states[name] = state_id
+                self._state_summaries[state_id] = summary
             # Logged only when what decisions read changed: the watch confirming a bind's reservation, or a
             # node's status heartbeat, leaves the state as it was, and readers would copy the node for nothing.
             after = self._node_states.get(name)
@@ -943,6 +956,7 @@ class ClusterCache:
         del ranked[ranked.index(name, bisect_left(ranked, self._priority(name), key=self._priority))]
         if not ranked:
             del self._ranked[state]
+            self._state_summaries.pop(state, None)
 
     def _index_affinity(self, name: str, old: frozenset[str], new: frozenset[str]) -> None:
         """Move the node between the affinity groups' node sets; call with the index lock held."""
