@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import replace
 
@@ -21,6 +22,8 @@ from gpushare.policies.fgd import (
     DemandSides,
     FragmentationGradient,
     Pool,
+    rank_left,
+    rank_right,
 )
 from gpushare.policies.lookahead import FragmentationLookahead
 from gpushare.policies.simple import Binpack, Spread
@@ -456,6 +459,13 @@ def test_the_gpu_sides_of_many_demands_are_held_within_a_bound_on_their_numbers_
     assert _held_once(sides)
     for pools in pools_seen[::97]:  # some were forgotten and worked out again, some never were
         assert sides.side(pools, len(demands)) == DemandSides(demands).side(pools, len(demands))
+
+
+@given(keys=st.lists(st.integers(-3, 40), max_size=12), value=st.integers(-5, 45))
+def test_the_compiled_bisections_find_what_bisect_finds(keys: list[int], value: int) -> None:
+    ordered = tuple(sorted(keys))
+    assert rank_left(ordered, value) == bisect.bisect_left(ordered, value)
+    assert rank_right(ordered, value) == bisect.bisect_right(ordered, value)
 
 
 def _pools_of(gpus: list[tuple[str, int, bool]]) -> tuple[Pool, ...]:

@@ -24,8 +24,6 @@ whole for multi-GPU tasks.
 
 from __future__ import annotations
 
-from bisect import bisect_right
-
 from gpushare.contract import PodRequest
 from gpushare.model import Node
 from gpushare.policies.base import Candidate
@@ -39,6 +37,7 @@ from gpushare.policies.fgd import (
     SharedSides,
     StateKey,
     Weights,
+    rank_right,
 )
 from gpushare.policies.workload import Target, WorkloadDistribution
 
@@ -86,7 +85,7 @@ class CapacityMeasure(FragmentationMeasure):
         # and C-level maps over boxed ints, this measure (its GPU sides included) took a fifth of a filter
         # (gpuspec20's pods on openb's fleet) and a quarter of a policy's fresh evaluation.
         keys, below = self._cpu_only_weights.keys, self._cpu_only_weights.below
-        total = idle * (self.weight - below[bisect_right(keys, cpu_free)])
+        total = idle * (self.weight - below[rank_right(keys, cpu_free)])
         plan = self._plan
         for i in range(0, len(hosted), 4):
             shapes = plan[hosted[i]]
@@ -95,7 +94,7 @@ class CapacityMeasure(FragmentationMeasure):
             usable, copies, per_copy = hosted[i + 1], hosted[i + 2], hosted[i + 3]
             no_cpu_weight, keys, below, weights = shapes
             # The shapes with the CPU for every copy use all that is usable.
-            fed = bisect_right(keys, cpu_free // copies)
+            fed = rank_right(keys, cpu_free // copies)
             total -= usable * (no_cpu_weight + below[fed])
             # Those after, up to the CPU the node has, feed cpu_free // CPU copies of per_copy each: fewer than
             # ``copies``, which never use more than is usable, so these use no more either. On a cluster with room
