@@ -79,7 +79,7 @@ GPUSide = tuple[int, tuple[int, ...]]
 # units taken (a one-GPU share placed on it).
 Taking = tuple[str, int, int]
 # The pools a placement's pools after were made from, and how (see ``DemandSides.side``).
-Origin = tuple[tuple["Pool", ...], Taking]
+Origin = tuple[tuple[Pool, ...], Taking]
 GPU_SIDES_LIMIT = 20_000
 # The numbers all entries hold together: a bound on the store's memory whatever the number of demands. With hundreds
 # of distinct GPU shares (memory asked in MiB, each pod its own amount) an entry lists a thousand numbers, and 5,130
@@ -149,10 +149,9 @@ class DemandSides:
         self._numbers: dict[Demand, int] = {}
         self._demands: list[Demand] = []
         # Per demand's number, the number of its kind: its share, or ``None`` when exclusive (what a pool's offer to it
-        # depends on, ``_offer``), numbered in order met; and each kind's (share, exclusive) by its number.
+        # depends on, ``_offer``), numbered in order met.
         self._kinds: list[int] = []
         self._kind_numbers: dict[int | None, int] = {}
-        self._kind_values: list[tuple[int, bool]] = []
         # Per demand's number: the number, and the memory a copy takes when it is the same on every set of pools (a
         # share: ``None`` otherwise), as the objects ``_values`` holds: read as they are, not looked up there, for
         # every demand a side lists (a side worked out afresh took a third less time, 100 demands in 197 listed).
@@ -175,8 +174,7 @@ class DemandSides:
         kind = None if exclusive else per_gpu
         kind_number = self._kind_numbers.get(kind)
         if kind_number is None:
-            kind_number = self._kind_numbers[kind] = len(self._kind_values)
-            self._kind_values.append((per_gpu, exclusive))
+            kind_number = self._kind_numbers[kind] = len(self._kind_numbers)
         number: object = len(self._demands)
         per_copy: object | None = per_gpu * count if per_gpu > 0 and not exclusive else None
         self._fixed.append(self._kept(number, per_copy))
@@ -287,12 +285,12 @@ class DemandSides:
         """Of ``demands`` (numbers), those of which a copy fits: the four numbers of each, as objects of ``_values``."""
         hosted: list[object] = []
         values = self._values
-        kinds, kind_values = self._kinds, self._kind_values
+        kinds = self._kinds
         # What a pool offers a demand depends on the demand's kind only, which many demands have in common
         # (gpuspec20's 63 demands have 20 of them): each pool works each kind out once per call, kept by the kind's
         # number (a list read, where a dict keyed by the share boxed each share anew).
         accepted = [(self._accepted(model, len(self._demands)), frees, wholes,
-                     cast(list[tuple[int, int, int] | None], [None] * len(kind_values)))
+                     cast(list[tuple[int, int, int] | None], [None] * len(self._kind_numbers)))
                     for model, frees, wholes in pools]
         for i in demands:
             count, per_gpu, exclusive, _ = self._demands[i]
