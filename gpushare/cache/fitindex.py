@@ -80,10 +80,13 @@ def judge_window(states: list[int | None], fits: list[bool | None], table: dict[
         if fits[i] is not None:
             continue
         state = states[i]
-        fit = None if state is None else table.get(state)
+        if state is None:
+            left.append(i)
+            continue
+        fit = table.get(state)  # judged for an earlier name of this window
         if fit is None:
-            summary = None if state is None else summaries.get(state)
-            if state is None or summary is None:
+            summary = summaries.get(state)
+            if summary is None:
                 left.append(i)
                 continue
             fit = table[state] = check(summary)

@@ -263,9 +263,10 @@ class ClusterCache:
         """The names where the request's shape fits, those where it does not, the state ids of the first, and how
         many of them each of those states holds.
 
-        Compiled passes (``read_window``, ``sort_window``): one lookup per name for its node's state and one in the
-        shape's table of states; Python work only for the states the shape has not met (usually the few nodes
-        changed since the last pod of this shape), each judged once under one of its nodes' locks.
+        Compiled passes (``read_window``, ``judge_window``, ``sort_window``): one lookup per name for its node's state
+        and one in the shape's table of states; the states the shape has not met (usually the few nodes changed since
+        the last pod of this shape) each judged once, on the summary kept for the state; Python work only for a name
+        whose state ended as the window was read, judged under its node's lock.
         """
         table = self._fit_table(request)
         # Lock-free: at worst the state of a node from just before a change.
