@@ -97,15 +97,15 @@ class Verbs:
             if scoring is None:
                 return None
             key, score, carry = scoring
-            counts = outcome.passed_counts
-            evaluated = self.cache.evaluate_states(passed, key, score, max_reads, outcome.passed_states, carry, counts)
+            evaluated = self.cache.evaluate_states(passed, key, score, max_reads, outcome.passed_states, carry,
+                                                   outcome.passed_firsts)
             if evaluated is None:
                 return None
             states, scores = evaluated
             # The policy may fail on a node that fits (logged there): the favourite is among the others.
             best = best_states(scores)
             if best:
-                passed = [self.cache.favourite(passed, states, best, counts)]
+                passed = [self.cache.favourite(passed, states, best, outcome.passed_counts)]
         return filter_result(args, passed, outcome.failed, outcome.unresolvable)
 
     def _follow(self, name: str, policy: ClusterAware, max_reads: int | None) -> bool:

@@ -637,17 +637,19 @@ def test_the_states_filter_passes_on_are_those_of_the_nodes_that_passed_in_order
 def test_the_compiled_window_passes_read_and_split_the_names_one_by_one(
         names: list[str], node_states: dict[str, int], table: dict[int, bool], data: st.DataObject) -> None:
     """``read_window`` and ``sort_window`` (compiled) give what reading each name on its own gives: its state, the
-    shape's remembered fit, then the names that fit in order with their states, and each state's count."""
+    shape's remembered fit, then the names that fit in order with their states, each state's count and first name."""
     states, fits, unjudged = read_window(names, node_states, table)
     assert states == [node_states.get(name) for name in names]
     assert fits == [None if state is None else table.get(state) for state in states]
     assert unjudged == (None in fits)
     judged = [fit if fit is not None else data.draw(st.booleans()) for fit in fits]  # as the cache judges them
-    passed, failing, passed_states, counts = sort_window(names, states, judged)
+    passed, failing, passed_states, counts, firsts = sort_window(names, states, judged)
     assert passed == [name for name, fit in zip(names, judged, strict=True) if fit]
     assert failing == [name for name, fit in zip(names, judged, strict=True) if not fit]
     assert passed_states == [state for state, fit in zip(states, judged, strict=True) if fit]
     assert list(counts.items()) == [(state, passed_states.count(state)) for state in dict.fromkeys(passed_states)]
+    assert list(firsts.items()) == [(state, passed[passed_states.index(state)])
+                                    for state in dict.fromkeys(passed_states)]
 
 
 @settings(max_examples=150, deadline=None)

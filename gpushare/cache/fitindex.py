@@ -41,6 +41,9 @@ class FilterOutcome:
     passed_counts: dict[int | None, int] | None = None
     """With ``passed_states``: how many of ``passed`` each of their states holds, the states in the order they first
     appear (``ClusterCache.favourite`` counts the best states' names with it)."""
+    passed_firsts: dict[int | None, str] | None = None
+    """With ``passed_states``: the first of ``passed`` in each of their states, the states in the same order
+    (``ClusterCache.evaluate_states`` reads a state it has no answer for on that node)."""
 
 
 def read_window(names: list[str], node_states: dict[str, int], table: dict[int, bool]
@@ -96,22 +99,28 @@ def judge_window(states: list[int | None], fits: list[bool | None], table: dict[
 
 
 def sort_window(names: list[str], states: list[int | None], fits: list[bool | None]
-                ) -> tuple[list[str], list[str], list[int | None], dict[int | None, int]]:
-    """The names that fit and those that do not, in order, the states of the first, and how many of them each of
-    those states holds (in the order the states first appear), in one pass; ``fits`` has no ``None`` left."""
+                ) -> tuple[list[str], list[str], list[int | None], dict[int | None, int], dict[int | None, str]]:
+    """The names that fit and those that do not, in order, the states of the first, how many of them each of those
+    states holds and the first of them in each (in the order the states first appear), in one pass; ``fits`` has
+    no ``None`` left."""
     passed: list[str] = []
     failing: list[str] = []
     passed_states: list[int | None] = []
     counts: dict[int | None, int] = {}
+    firsts: dict[int | None, str] = {}
     for i in range(len(names)):
+        name = names[i]
         if fits[i]:
             state = states[i]
-            passed.append(names[i])
+            passed.append(name)
             passed_states.append(state)
-            counts[state] = counts.get(state, 0) + 1
+            count = counts.get(state, 0)
+            if not count:
+                firsts[state] = name
+            counts[state] = count + 1
         else:
-            failing.append(names[i])
-    return passed, failing, passed_states, counts
+            failing.append(name)
+    return passed, failing, passed_states, counts, firsts
 
 
 def shape_key(request: PodRequest) -> tuple[Any, ...]:

@@ -245,10 +245,10 @@ class ClusterCache:
         """
         if request.sharing.constrained:
             return self._filter_sharing(names, request, pod_uid)
-        passed, failing, states, counts = self._split(names, request)
+        passed, failing, states, counts, firsts = self._split(names, request)
         if not failing or (passed and not explain):
-            out = self._respect_nominated(FilterOutcome(passed, passed_states=states, passed_counts=counts), request,
-                                          pod_uid)
+            out = self._respect_nominated(FilterOutcome(passed, passed_states=states, passed_counts=counts,
+                                                        passed_firsts=firsts), request, pod_uid)
             if not failing or out.passed:
                 out.left_out = failing
                 return out
@@ -259,9 +259,9 @@ class ClusterCache:
         return self._respect_nominated(out, request, pod_uid)
 
     def _split(self, names: list[str], request: PodRequest
-               ) -> tuple[list[str], list[str], list[int | None], dict[int | None, int]]:
-        """The names where the request's shape fits, those where it does not, the state ids of the first, and how
-        many of them each of those states holds.
+               ) -> tuple[list[str], list[str], list[int | None], dict[int | None, int], dict[int | None, str]]:
+        """The names where the request's shape fits, those where it does not, the state ids of the first, how many
+        of them each of those states holds and the first of them in each.
 
         Compiled passes (``read_window``, ``judge_window``, ``sort_window``): one lookup per name for its node's state
         and one in the shape's table of states; the states the shape has not met (usually the few nodes changed since
@@ -431,7 +431,7 @@ class ClusterCache:
 
     def evaluate_states(self, names: Sequence[str], key: Hashable, read: Callable[[Node], T],
                         max_reads: int | None = None, states: list[int | None] | None = None,
-                        carry: Carry | None = None, distinct: Iterable[int | None] | None = None
+                        carry: Carry | None = None, firsts: Mapping[int | None, str] | None = None
                         ) -> tuple[list[int | None], dict[int | None, T | None]] | None:
         """The state id of each of ``names`` (``None`` for unknown nodes) and ``read``'s answer for each of those
         states, remembered under ``key`` for the state (``state_signature``): every node in that state shares it,
@@ -445,17 +445,18 @@ class ClusterCache:
         With ``max_reads``, ``None`` instead when more states than that have no answer yet (nothing is read):
         the caller can answer on its event loop when the work is lookups, and elsewhere when it is not.
         ``states``: the nodes' state ids as a filter just read them (``FilterOutcome.passed_states``), so that
-        the names are not looked up again, and ``distinct``: those states, each once, in the order they first appear
-        (``FilterOutcome.passed_counts``). With ``carry``, a state without an answer under ``key`` takes the one
-        it had under the family's key asked for before, where ``carry.unchanged_since`` says it still holds: not
-        a read, so not counted against ``max_reads``.
+        the names are not looked up again, and ``firsts``: those states, each once, in the order they first appear,
+        with the first of the names in each (``FilterOutcome.passed_firsts``), so that the names are not paired with
+        their states again. With ``carry``, a state without an answer under ``key`` takes the one it had under the
+        family's key asked for before, where ``carry.unchanged_since`` says it still holds: not a read, so not
+        counted against ``max_reads``.
         """
         table = self._answer_table(key)
         if states is None:
             # Lock-free: at worst the answer for the node's state from just before a change.
             states = list(map(self._node_states.get, names))
         # Each state once, in the order the names show them.
-        answers: dict[int | None, Any] = dict.fromkeys(states if distinct is None else distinct)
+        answers: dict[int | None, Any] = dict.fromkeys(states if firsts is None else firsts)
         missing = []
         for state in answers:
             if state is not None:
@@ -464,7 +465,7 @@ class ClusterCache:
                     missing.append(state)
         if missing:
             # One node per state is read, under its lock: the first of the names in that state.
-            first = dict(zip(reversed(states), reversed(names), strict=True))
+            first = firsts if firsts is not None else dict(zip(reversed(states), reversed(names), strict=True))
             if carry is not None and (prior := self._prior_table(key, carry)) is not None:
                 carried = self._carried(prior, carry.unchanged_since)
                 # Only a state the prior version answered may carry its answer: the others (most of them, nodes
