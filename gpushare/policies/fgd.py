@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import threading
-from bisect import bisect_left, bisect_right
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -331,7 +330,7 @@ def _offer(frees: tuple[int, ...], wholes: tuple[int, ...], per_gpu: int, exclus
         return len(wholes), sum(wholes), 0
     # An indexed loop over ints: compiled, it runs on machine integers (a slice and a generator took a sixth more
     # of a side worked out afresh, where a pool meets every share the demands ask).
-    first = bisect_left(frees, per_gpu)
+    first = rank_left(frees, per_gpu)
     usable = copies = 0
     for j in range(first, len(frees)):
         free = frees[j]
@@ -374,7 +373,7 @@ class FragmentationMeasure:
 
     def __init__(self, target: Target, shared: SharedSides) -> None:
         self.coverage = sum(p for _, p in target) or 1.0
-        self.thresholds = sorted({shape.cpu_milli for shape, _ in target})
+        self.thresholds = tuple(sorted({shape.cpu_milli for shape, _ in target}))
         weighted = [(shape, round(p * PRECISION)) for shape, p in target]
         self.weight = sum(w for _, w in weighted)
         shapes: dict[Demand, list[tuple[int, int]]] = {}
@@ -391,7 +390,7 @@ class FragmentationMeasure:
         self.cpu_only = tuple(cpu_only)
         self._covering = max(self.numbers, default=-1) + 1
         # Per demand's number its shapes by the rank of their CPU among the thresholds (what a state records).
-        self._by_rank = self.by_number(Weights.of((bisect_left(self.thresholds, cpu), w) for cpu, w in pairs)
+        self._by_rank = self.by_number(Weights.of((rank_left(self.thresholds, cpu), w) for cpu, w in pairs)
                                        for pairs in shapes.values())
         # F per state, for this target only: a new target comes with a new measure, so no answer outlives its target.
         self._memo: dict[StateKey, int] = {}
@@ -404,7 +403,7 @@ class FragmentationMeasure:
         return table
 
     def state(self, cpu_free: int, pools: tuple[Pool, ...]) -> StateKey:
-        return (bisect_right(self.thresholds, cpu_free), pools)
+        return (rank_right(self.thresholds, cpu_free), pools)
 
     def of(self, state: StateKey, origin: Origin | None = None) -> int:
         """``amount``, remembered (``origin``: see ``DemandSides.side``)."""
