@@ -276,7 +276,8 @@ class ScarcityLookahead(FragmentationLookahead):
         # the ones whose room the lookahead must keep, and the first to fail when it does not count them.
         super().__init__(workload if workload is not None else WorkloadDistribution(coverage=WHOLE_WORKLOAD))
         self._capacity: dict[str, int] = {}
-        # Per pressed model, what a unit of its GPU memory pays (its pressure): learned, like the pressure.
+        # Per pressed model (pressure above 0), what a unit of its GPU memory pays, its pressure: worked out when the
+        # workload, inventory or node sizes are learned (``_reprice``), not at each repricing.
         self._charge: dict[str, float] = {}
         self._basis: tuple[int, int, int] = (-1, 0, 0)
         self._inventory_version = 0
