@@ -195,6 +195,29 @@ def test_memoised_answers_are_read_once_per_state_and_given_per_state() -> None:
     assert reads == ["a2", "b"]  # the first node of each state, in the names' order
 
 
+def test_states_a_filter_split_are_read_on_the_node_it_kept_for_each_without_pairing_the_names_again() -> None:
+    """Filter keeps, per state that passed, its first name (``passed_firsts``); scoring reads a state it has no
+    answer for on that node, and takes the states in that order."""
+    cache = ClusterCache()
+    for name in ("a1", "a2", "a3"):
+        cache.upsert_node(node_info(name, [16384]))
+    cache.upsert_node(node_info("b", [8192]))
+    cache.upsert_node(node_info("small", [2048]))
+    out = cache.filter(["a2", "small", "b", "a1", "a3"], parse_request(gpu_pod("p", 4)), explain=False)
+    a, b = cache._node_states["a1"], cache._node_states["b"]
+    assert out.passed == ["a2", "b", "a1", "a3"] and out.passed_firsts == {a: "a2", b: "b"}
+    reads: list[str] = []
+
+    def free(node: Node) -> int:
+        reads.append(node.name)
+        return node.gpus[0].free
+
+    # Given which node to read per state, that one is read, whatever the names' order says.
+    evaluated = cache.evaluate_states(out.passed, "k", free, states=out.passed_states, firsts={b: "b", a: "a3"})
+    assert evaluated is not None and reads == ["b", "a3"]
+    assert list(evaluated[1].items()) == [(b, 8), (a, 16)]
+
+
 def test_released_reservation_frees_the_gpu() -> None:
     cache = ClusterCache()
     cache.upsert_node(node_info("n1", [16384]))
