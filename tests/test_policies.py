@@ -15,6 +15,7 @@ from gpushare.model import GPU, Node
 from gpushare.policies import DEFAULT_POLICY, choose_node, extender_scores, make_policy, node_priority, policy_names
 from gpushare.policies.base import follows_cluster, follows_inventory
 from gpushare.policies.fgd import (
+    CHOICES_LIMIT,
     DEMANDS_LIMIT,
     GPU_SIDE_NUMBERS_LIMIT,
     PRECISION,
@@ -509,27 +510,55 @@ def test_a_gpu_side_moved_by_a_share_taken_from_one_gpu_is_the_side_worked_out_a
             assert moved[0] == fresh[0] and _entries(moved[1]) == _entries(fresh[1])
 
 
-def test_a_gpu_side_extended_as_it_fills_the_store_shares_its_numbers_with_the_sides_after_it() -> None:
-    """A side extended by newly numbered demands just as the store is full: the store is emptied, and the side's
-    numbers, those it already held included, are the objects the sides worked out next hold."""
+def test_a_full_store_of_gpu_sides_lets_only_its_oldest_sides_go() -> None:
+    """A side extended by newly numbered demands just as the store is full: it is kept as the newest, and only as
+    many of the oldest sides go as bring the numbers back within the bound (emptied whole, every set of pools the
+    next filters met was worked out afresh at once). What stays is what a fresh store works out."""
     demands = [(1, share, False, ModelRule()) for share in range(1, 501)]
     later = [(1, share, False, ModelRule(include=("t4",))) for share in range(100, 112)]
     sides = DemandSides(demands)
     assert GPU_SIDE_NUMBERS_LIMIT % (4 * len(demands)) == 0  # so that the sides below fill the store exactly
+    filled = GPU_SIDE_NUMBERS_LIMIT // (4 * len(demands))
 
     def pools(i: int) -> tuple[Pool, ...]:
         return (("T4", tuple(sorted((i + j * 251) % 1999 + 1000 for j in range(8))), ()),)  # distinct for i < 1999
 
-    for i in range(GPU_SIDE_NUMBERS_LIMIT // (4 * len(demands))):  # every share fits: four numbers each, to the bound
+    for i in range(filled):  # every share fits: four numbers each, to the bound
         sides.side(pools(i), len(demands))
     assert sides.number(later) is not None
     covering = len(demands) + len(later)
-    extended = sides.side(pools(0), covering)
-    assert list(sides._sides) == [pools(0)]  # the extension emptied the store
+    extended = sides.side(pools(0), covering)  # the oldest, extended by 48 numbers: one side must go
+    assert list(sides._sides) == [pools(i) for i in range(2, filled)] + [pools(0)]
+    assert sum(len(hosted) for _, (_, hosted) in sides._sides.values()) <= GPU_SIDE_NUMBERS_LIMIT
     for i in range(1600, 1610):
         sides.side(pools(i), covering)
+    # Ten more sides of 2,048 numbers each, each pushing out one of the oldest of 2,000.
+    assert list(sides._sides)[:2] == [pools(12), pools(13)] and len(sides._sides) == filled - 1
     assert _held_once(sides)
-    assert extended == DemandSides([*demands, *later]).side(pools(0), covering)
+    fresh = DemandSides([*demands, *later])
+    assert extended == fresh.side(pools(0), covering)
+    for i in (0, 13, 1609):
+        assert sides.side(pools(i), covering) == fresh.side(pools(i), covering)
+
+
+def test_a_full_memo_of_gpu_choices_lets_only_its_oldest_entries_go() -> None:
+    """Past its bound the memo of GPU choices loses its oldest entry for each new one, never all at once (emptied
+    whole, it took 29 ms to free in the middle of a filter), and its answers stay a fresh policy's."""
+    shapes = ((Shape(1, 300), 0.6), (Shape(2, 1000), 0.4))
+    policy = FragmentationGradient(workload(*shapes))
+    request = share(300)
+    nodes = [node(f"n{i}", 1000 - i % 700, 1000 - i // 700, 1000) for i in range(CHOICES_LIMIT + 2)]  # all distinct
+    for host in nodes[:CHOICES_LIMIT]:
+        policy.gpu_choices(host, request)
+    assert len(policy._choices) == CHOICES_LIMIT
+    first, second, third = list(policy._choices)[:3]
+    for host in nodes[CHOICES_LIMIT:]:
+        policy.gpu_choices(host, request)
+    assert len(policy._choices) == CHOICES_LIMIT
+    assert first not in policy._choices and second not in policy._choices and third in policy._choices
+    fresh = FragmentationGradient(workload(*shapes))
+    for host in (nodes[0], nodes[2], nodes[-1]):
+        assert policy.evaluate(host, request) == fresh.evaluate(host, request)
 
 
 def test_the_memos_of_gpu_choices_and_gpu_sides_hold_each_distinct_row_pool_and_number_once() -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -39,14 +40,19 @@ StateKey = tuple[int, tuple[Pool, ...]]
 
 # The memo of F per node state is dropped when it grows past this many entries.
 MEMO_LIMIT = 200_000
-# The memo of GPU choices per (GPU state, request) likewise. A key holds each GPU's fields as a tuple of nine and an
-# answer the pools after each choice: 1.4 kB a key and as much an answer when each had its own, 50 MiB for 20,000
-# entries at 15,000 of openb's nodes with 60,000 pods. A fleet has few distinct GPU rows and pools, so the entries kept
-# share them (``gpu_choices``).
+# The memo of GPU choices per (GPU state, request) keeps at most this many entries, the oldest going first. A key
+# holds each GPU's fields as a tuple of nine and an answer the pools after each choice: 1.4 kB a key and as much an
+# answer when each had its own, 50 MiB for 20,000 entries at 15,000 of openb's nodes with 60,000 pods. A fleet has
+# few distinct GPU rows and pools, so the entries kept share them (``gpu_choices``).
 CHOICES_LIMIT = 20_000
+# The rows, pools and units taken those entries share, each kept once: about one and a fifth an entry with every
+# sharing pod its own share, far fewer where pods' shapes recur.
+SHARED_LIMIT = 2 * CHOICES_LIMIT
 # A memo's answer for a key it has not seen (its answers may be None).
 _UNSEEN = object()
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 # A node with no CPU capacity recorded has no CPU limit.
 UNLIMITED = 1 << 62
 # Probabilities become integer weights (parts per million) so that F is an exact integer: placements that
@@ -90,6 +96,14 @@ GPU_SIDE_NUMBERS_LIMIT = 3_000_000
 # shapes a workload keeps, so that an entry lists no more demands than one target's measure did, and only a workload
 # whose shapes keep changing starts a new numbering, now and then.
 DEMANDS_LIMIT = MAX_SHAPES
+# The distinct numbers the sides hold as one object each (``DemandSides._values``), those of sides gone included.
+GPU_SIDE_VALUES_LIMIT = 200_000
+
+
+def _bounded(store: OrderedDict[K, V], limit: int) -> None:
+    """The oldest entries of ``store`` out, down to ``limit``."""
+    while len(store) > limit:
+        store.popitem(last=False)
 
 
 def rank_left(keys: tuple[int, ...], value: int) -> int:
@@ -157,7 +171,7 @@ class DemandSides:
         self._fixed: list[tuple[object, object | None]] = []
         self._accepts: dict[str, tuple[bool, ...]] = {}
         # Per set of pools: how many demands its side covers (the first so many numbers), and the side.
-        self._sides: dict[tuple[Pool, ...], tuple[int, GPUSide]] = {}
+        self._sides: OrderedDict[tuple[Pool, ...], tuple[int, GPUSide]] = OrderedDict()
         self._numbers_held = 0  # the length of every entry's side, summed
         # Each number the sides hold, as one object however many sides hold it: a million numbers over 9,000 sides
         # took 863 distinct values (gpuspec20's pods with their CPU spread, 10,000 on 5,000 of openb's nodes), and an
@@ -214,21 +228,26 @@ class DemandSides:
             new = self._moved(pools, source, origin[1], numbered)
         else:
             new = self._hosted(pools, range(covered, numbered))
-        # An extended entry replaces the one it was worked out from.
-        held = self._numbers_held + len(new)
-        values = self._values
-        if len(self._sides) >= GPU_SIDES_LIMIT or held > GPU_SIDE_NUMBERS_LIMIT:
-            # Emptied, and this side's numbers (those of the entry it extends too) kept anew, so that the sides
-            # worked out next share them.
-            self._sides.clear()
-            values.clear()
-            self._fixed = [self._kept(number, per_copy) for number, per_copy in self._fixed]
-            held = len(hosted) + len(new)
-            new = [values.setdefault(n, n) for n in (*cast(tuple[object, ...], hosted), *new)]
-            hosted = ()
         side = (idle, hosted + cast(tuple[int, ...], tuple(new)))
-        self._sides[pools] = (numbered, side)
+        sides = self._sides
+        # An extended entry replaces the one it was worked out from, as the newest. (Another thread's filter may
+        # have pushed that one out meanwhile.)
+        if found is not None:
+            sides.pop(pools, None)
+        sides[pools] = (numbered, side)
+        held = self._numbers_held + len(new)
+        # The oldest entries go, one at a time, never all at once: emptied whole, a store at its bound on numbers
+        # freed 3 million of them in 8 ms, and every set of pools the next filters met was worked out afresh (with
+        # every sharing pod its own share, that happened every few hundred pods, and the filters after it were a
+        # quarter of the slowest hundredth).
+        while (held > GPU_SIDE_NUMBERS_LIMIT or len(sides) > GPU_SIDES_LIMIT) and len(sides) > 1:
+            _, (_, (_, oldest)) = sides.popitem(last=False)
+            held -= len(oldest)
         self._numbers_held = held
+        if len(self._values) > GPU_SIDE_VALUES_LIMIT:
+            # The values of sides gone are kept here until this: kept anew, from the sides worked out next.
+            self._values.clear()
+            self._fixed = [self._kept(number, per_copy) for number, per_copy in self._fixed]
         return side
 
     def _accepted(self, model: str, numbered: int) -> tuple[bool, ...]:
@@ -519,11 +538,11 @@ class FragmentationGradient:
         self.sides = sides if sides is not None else SharedSides()
         self._measure = self.measure_type(self.workload.target, self.sides)
         self._measure_version = self.workload.version
-        self._choices: dict[ChoicesKey, GPUChoices | None] = {}
+        self._choices: OrderedDict[ChoicesKey, GPUChoices | None] = OrderedDict()
         # The GPU rows the keys of ``_choices`` hold and the pools its answers hold, each once (see ``CHOICES_LIMIT``),
         # and the units taken of its answers' GPU choices likewise; emptied with it.
-        self._shared: dict[Hashable, Hashable] = {}
-        self._takens: dict[tuple[tuple[int, int], ...], dict[int, int]] = {}
+        self._shared: OrderedDict[Hashable, Hashable] = OrderedDict()
+        self._takens: OrderedDict[tuple[tuple[int, int], ...], dict[int, int]] = OrderedDict()
 
     @property
     def version(self) -> int:
@@ -583,10 +602,6 @@ class FragmentationGradient:
         known = self._choices.get(key, _UNSEEN)
         if known is not _UNSEEN:
             return cast(GPUChoices | None, known)
-        if len(self._choices) >= CHOICES_LIMIT:
-            self._choices.clear()
-            self._shared.clear()
-            self._takens.clear()
         found: GPUChoices | None = None
         hosts = node.hosts(request) if request.gpu_count else []
         if len(hosts) >= request.gpu_count:
@@ -608,6 +623,11 @@ class FragmentationGradient:
             found = GPUChoices(before, tuple(options),
                                max((g.total for g in node.gpus), default=0))
         self._choices[self._stored_key(key)] = found
+        # The oldest go one at a time (see ``DemandSides.side``): emptied whole, a memo at its bound took 29 ms to
+        # free, in the middle of a filter.
+        _bounded(self._choices, CHOICES_LIMIT)
+        _bounded(self._shared, SHARED_LIMIT)
+        _bounded(self._takens, SHARED_LIMIT)
         return found
 
     def _stored_key(self, key: ChoicesKey) -> ChoicesKey:
