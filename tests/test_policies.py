@@ -510,10 +510,11 @@ def test_a_gpu_side_moved_by_a_share_taken_from_one_gpu_is_the_side_worked_out_a
             assert moved[0] == fresh[0] and _entries(moved[1]) == _entries(fresh[1])
 
 
-def test_a_full_store_of_gpu_sides_lets_only_its_oldest_sides_go() -> None:
-    """A side extended by newly numbered demands just as the store is full: it is kept as the newest, and only as
-    many of the oldest sides go as bring the numbers back within the bound (emptied whole, every set of pools the
-    next filters met was worked out afresh at once). What stays is what a fresh store works out."""
+def test_a_full_store_of_gpu_sides_lets_only_the_sides_read_least_recently_go() -> None:
+    """A side extended by newly numbered demands just as the store is full: it is kept as the one read last, and
+    only as many of the sides read least recently go as bring the numbers back within the bound (emptied whole,
+    every set of pools the next filters met was worked out afresh at once). What stays is what a fresh store works
+    out."""
     demands = [(1, share, False, ModelRule()) for share in range(1, 501)]
     later = [(1, share, False, ModelRule(include=("t4",))) for share in range(100, 112)]
     sides = DemandSides(demands)
@@ -530,10 +531,12 @@ def test_a_full_store_of_gpu_sides_lets_only_its_oldest_sides_go() -> None:
     extended = sides.side(pools(0), covering)  # the oldest, extended by 48 numbers: one side must go
     assert list(sides._sides) == [pools(i) for i in range(2, filled)] + [pools(0)]
     assert sum(len(hosted) for _, (_, hosted) in sides._sides.values()) <= GPU_SIDE_NUMBERS_LIMIT
+    sides.side(pools(2), len(demands))  # read again: it stays
     for i in range(1600, 1610):
         sides.side(pools(i), covering)
-    # Ten more sides of 2,048 numbers each, each pushing out one of the oldest of 2,000.
-    assert list(sides._sides)[:2] == [pools(12), pools(13)] and len(sides._sides) == filled - 1
+    # Ten more sides of 2,048 numbers each, each pushing out one of 2,000 read before it.
+    assert list(sides._sides)[:2] == [pools(13), pools(14)] and len(sides._sides) == filled - 1
+    assert pools(2) in sides._sides
     assert _held_once(sides)
     fresh = DemandSides([*demands, *later])
     assert extended == fresh.side(pools(0), covering)

@@ -219,6 +219,7 @@ class DemandSides:
         were made from others by a one-GPU share taken (a placement's pools after, from those before)."""
         found = self._sides.get(pools)
         if found is not None and found[0] >= covering:
+            self._sides.move_to_end(pools)  # the store lets the sides read least recently go first
             return found[1]
         # A side worked out before some demand was numbered is extended by those numbered since.
         covered, (idle, hosted) = found if found is not None else (0, (sum(sum(frees) for _, frees, _ in pools), ()))
@@ -230,16 +231,17 @@ class DemandSides:
             new = self._hosted(pools, range(covered, numbered))
         side = (idle, hosted + cast(tuple[int, ...], tuple(new)))
         sides = self._sides
-        # An extended entry replaces the one it was worked out from, as the newest. (Another thread's filter may
-        # have pushed that one out meanwhile.)
+        # An extended entry replaces the one it was worked out from, as the one read last. (Another thread's filter
+        # may have pushed that one out meanwhile.)
         if found is not None:
             sides.pop(pools, None)
         sides[pools] = (numbered, side)
         held = self._numbers_held + len(new)
-        # The oldest entries go, one at a time, never all at once: emptied whole, a store at its bound on numbers
-        # freed 3 million of them in 8 ms, and every set of pools the next filters met was worked out afresh (with
-        # every sharing pod its own share, that happened every few hundred pods, and the filters after it were a
-        # quarter of the slowest hundredth).
+        # The entries read least recently go, one at a time, never all at once: emptied whole, a store at its bound
+        # on numbers freed 3 million of them in 8 ms, and every set of pools the next filters met was worked out
+        # afresh. With every sharing pod its own share (each side lists 500 demands, so the store holds 1,500) it
+        # filled every few hundred pods: over 6,000 pods on 5,000 nodes the sides worked out afresh listed 7.7
+        # million demands, 3.3 million with the oldest entries going first, 2.4 million with these.
         while (held > GPU_SIDE_NUMBERS_LIMIT or len(sides) > GPU_SIDES_LIMIT) and len(sides) > 1:
             _, (_, (_, oldest)) = sides.popitem(last=False)
             held -= len(oldest)
