@@ -505,9 +505,33 @@ def test_a_gpu_side_moved_by_a_share_taken_from_one_gpu_is_the_side_worked_out_a
             sides = DemandSides(demands)
             sides.side(before, len(demands))
             assert sides.number(later) is not None
-            moved = sides.side(after, len(everything), (before, (model, free, amount)))
+            moved = sides.side(after, len(everything), (before, ((model, free, amount),)))
             fresh = DemandSides(everything).side(after, len(everything))
             assert moved[0] == fresh[0] and _entries(moved[1]) == _entries(fresh[1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(gpus=st.lists(st.tuples(st.sampled_from(_MODELS), _UNITS), min_size=1, max_size=8),
+       demands=_DEMANDS, taken=st.lists(st.tuples(st.integers(0, 7), _UNITS), min_size=1, max_size=8),
+       remembered=st.booleans())
+def test_a_gpu_side_moved_by_memory_taken_from_several_gpus_is_the_side_worked_out_afresh(
+        gpus: list[tuple[str, int]], demands: list[Demand], taken: list[tuple[int, int]], remembered: bool) -> None:
+    """A placement on several GPUs (a multi-GPU pod, or whole GPUs taken): the side moved from the side before is the
+    one a fresh store works out, whether or not the store still holds the side before (``remembered``; where it
+    does not, it is worked out first and kept)."""
+    rows = [(model, free, free == 1000) for model, free in gpus]
+    amounts = {index % len(rows): min(amount, rows[index % len(rows)][1]) for index, amount in taken}
+    before = _pools_of(rows)
+    after = _pools_of([(m, f - amounts[i], False) if i in amounts else (m, f, w) for i, (m, f, w) in enumerate(rows)])
+    sides = DemandSides(demands)
+    if remembered:
+        sides.side(before, len(demands))
+    takings = tuple((rows[i][0], rows[i][1], amount) for i, amount in amounts.items())
+    moved = sides.side(after, len(demands), (before, takings))
+    fresh = DemandSides(demands)
+    assert moved[0] == fresh.side(after, len(demands))[0]
+    assert _entries(moved[1]) == _entries(fresh.side(after, len(demands))[1])
+    assert before in sides._sides
 
 
 def test_a_full_store_of_gpu_sides_lets_only_the_sides_read_least_recently_go() -> None:
