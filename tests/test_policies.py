@@ -489,12 +489,13 @@ _DEMANDS = st.lists(st.tuples(st.integers(0, 4), st.sampled_from([0, 50, 100, 25
 
 @settings(max_examples=200, deadline=None)
 @given(gpus=st.lists(st.tuples(st.sampled_from(_MODELS), _UNITS), min_size=1, max_size=8),
-       demands=_DEMANDS, later=_DEMANDS, taken=_UNITS)
+       demands=_DEMANDS, later=_DEMANDS, taken=_UNITS, remembered=st.booleans())
 def test_a_gpu_side_moved_by_a_share_taken_from_one_gpu_is_the_side_worked_out_afresh(
-        gpus: list[tuple[str, int]], demands: list[Demand], later: list[Demand], taken: int) -> None:
+        gpus: list[tuple[str, int]], demands: list[Demand], later: list[Demand], taken: int, remembered: bool) -> None:
     """A placement's pools after, from its pools before and a one-GPU share taken: the side moved from the side
     before is the one a fresh store works out, for the demands numbered since the side before too. Taken from each
-    GPU in turn, as drawn and so as to leave exactly each demand's share."""
+    GPU in turn, as drawn and so as to leave exactly each demand's share; with the side before in the store or not
+    (``remembered``: where it is not, it is worked out first and kept, for the other placements to move from)."""
     rows = [(model, free, free == 1000) for model, free in gpus]
     later = [demand for demand in later if demand not in demands]
     everything = [*demands, *later]
@@ -503,35 +504,13 @@ def test_a_gpu_side_moved_by_a_share_taken_from_one_gpu_is_the_side_worked_out_a
             before = _pools_of(rows)
             after = _pools_of([(m, f - amount, False) if i == index else (m, f, w) for i, (m, f, w) in enumerate(rows)])
             sides = DemandSides(demands)
-            sides.side(before, len(demands))
+            if remembered:
+                sides.side(before, len(demands))
             assert sides.number(later) is not None
-            moved = sides.side(after, len(everything), (before, ((model, free, amount),)))
+            moved = sides.side(after, len(everything), (before, (model, free, amount)))
             fresh = DemandSides(everything).side(after, len(everything))
             assert moved[0] == fresh[0] and _entries(moved[1]) == _entries(fresh[1])
-
-
-@settings(max_examples=200, deadline=None)
-@given(gpus=st.lists(st.tuples(st.sampled_from(_MODELS), _UNITS), min_size=1, max_size=8),
-       demands=_DEMANDS, taken=st.lists(st.tuples(st.integers(0, 7), _UNITS), min_size=1, max_size=8),
-       remembered=st.booleans())
-def test_a_gpu_side_moved_by_memory_taken_from_several_gpus_is_the_side_worked_out_afresh(
-        gpus: list[tuple[str, int]], demands: list[Demand], taken: list[tuple[int, int]], remembered: bool) -> None:
-    """A placement on several GPUs (a multi-GPU pod, or whole GPUs taken): the side moved from the side before is the
-    one a fresh store works out, whether or not the store still holds the side before (``remembered``; where it
-    does not, it is worked out first and kept)."""
-    rows = [(model, free, free == 1000) for model, free in gpus]
-    amounts = {index % len(rows): min(amount, rows[index % len(rows)][1]) for index, amount in taken}
-    before = _pools_of(rows)
-    after = _pools_of([(m, f - amounts[i], False) if i in amounts else (m, f, w) for i, (m, f, w) in enumerate(rows)])
-    sides = DemandSides(demands)
-    if remembered:
-        sides.side(before, len(demands))
-    takings = tuple((rows[i][0], rows[i][1], amount) for i, amount in amounts.items())
-    moved = sides.side(after, len(demands), (before, takings))
-    fresh = DemandSides(demands)
-    assert moved[0] == fresh.side(after, len(demands))[0]
-    assert _entries(moved[1]) == _entries(fresh.side(after, len(demands))[1])
-    assert before in sides._sides
+            assert before in sides._sides
 
 
 def test_a_full_store_of_gpu_sides_lets_only_the_sides_read_least_recently_go() -> None:

@@ -80,12 +80,11 @@ def demand_of(shape: Shape) -> Demand:
 # 10,000 pods on 5,000 nodes: 6,800 for all targets together), so the limit leaves room for more varied fleets and
 # keeps a store under 60 MB.
 GPUSide = tuple[int, tuple[int, ...]]
-# How a set of pools was made from another by taking memory from one of its GPUs: the GPU's model, its free memory
-# before and the units taken.
+# How a set of pools was made from another by taking memory from one GPU: its model, its free memory before and the
+# units taken (a one-GPU share placed on it).
 Taking = tuple[str, int, int]
-# The pools a placement's pools after were made from, and what the placement took from each of its GPUs (see
-# ``DemandSides.side``).
-Origin = tuple[tuple[Pool, ...], tuple[Taking, ...]]
+# The pools a placement's pools after were made from, and how (see ``DemandSides.side``).
+Origin = tuple[tuple[Pool, ...], Taking]
 GPU_SIDES_LIMIT = 20_000
 # The numbers all entries hold together: a bound on the store's memory whatever the number of demands. With hundreds
 # of distinct GPU shares (memory asked in MiB, each pod its own amount) an entry lists a thousand numbers, and 5,130
@@ -217,8 +216,7 @@ class DemandSides:
 
     def side(self, pools: tuple[Pool, ...], covering: int, origin: Origin | None = None) -> GPUSide:
         """The pools' GPU side, covering at least the first ``covering`` demands numbered; ``origin``, where the pools
-        were made from others by memory taken from some of their GPUs (a placement's pools after, from those
-        before)."""
+        were made from others by a one-GPU share taken (a placement's pools after, from those before)."""
         found = self._sides.get(pools)
         if found is not None and found[0] >= covering:
             self._sides.move_to_end(pools)  # the store lets the sides read least recently go first
@@ -230,8 +228,8 @@ class DemandSides:
         if found is None and origin is not None:
             # Worked out first where the store no longer holds it (its F was remembered, so the filter read F alone):
             # one side afresh for a node state, and each placement's moved from it, not each worked out afresh. With
-            # every sharing pod its own share, those were two in three of the sides the slowest hundredth of the
-            # filters worked out afresh.
+            # every sharing pod its own share (6,000 pods on 5,000 of openb's nodes), the slowest hundredth of the
+            # filters worked out 21 sides afresh each, 4 this way.
             self.side(origin[0], covering)
             source = self._sides.get(origin[0])
         if origin is not None and source is not None:
@@ -268,27 +266,22 @@ class DemandSides:
             found = self._accepts[model] = tuple(rule.accepts(model) for _, _, _, rule in self._demands[:numbered])
         return found
 
-    def _moved(self, pools: tuple[Pool, ...], source: tuple[int, GPUSide], takings: tuple[Taking, ...],
-               numbered: int) -> list[object]:
+    def _moved(self, pools: tuple[Pool, ...], source: tuple[int, GPUSide], taking: Taking, numbered: int
+               ) -> list[object]:
         """``_hosted`` for all demands numbered, of pools made from those of ``source`` (the origin's entry) by
-        ``takings``: each of the origin's demands moved by what those GPUs no longer offer it.
+        ``taking``: each of the origin's demands moved by what that one GPU no longer offers it.
 
         Memory taken never lets a copy fit that did not, so only the demands the origin hosts, and those numbered
         since its side was worked out, can be hosted. A one-GPU share uses the GPUs' memory one by one, so its
-        usable memory and copies move by the GPUs taken from alone; the others (several GPUs, whole GPUs, no
-        memory) are worked out afresh. With every sharing pod its own share, each placement's pools after are met
-        once: this is most of the sides a filter works out. A pod on several GPUs moves them as one on one GPU
-        does: worked out afresh, the sides of its placements took a tenth of the slowest filters' demands each.
+        usable memory and copies move by that GPU's alone; the others (several GPUs, whole GPUs, no memory) are
+        worked out afresh. With every sharing pod its own share, each placement's pools after are met once: this
+        is most of the sides a filter works out.
         """
-        frees: list[int] = []
-        lefts: list[int] = []
-        accepted: list[tuple[bool, ...]] = []
-        for model, free, taken in takings:
-            frees.append(free)
-            lefts.append(free - taken)
-            accepted.append(self._accepted(model, numbered))
+        model, free, taken = taking
+        left = free - taken
         origin_covered, (_, origin_hosted) = source
         kept = cast(tuple[object, ...], origin_hosted)  # the origin's numbers as the objects it holds
+        accepts = self._accepted(model, numbered)
         values = self._values
         hosted: list[object] = []
         afresh: list[int] = []
@@ -298,19 +291,13 @@ class DemandSides:
             if count != 1 or per_gpu <= 0 or exclusive:
                 afresh.append(i)
                 continue
-            usable, copies, moved = origin_hosted[j + 1], origin_hosted[j + 2], False
-            for t in range(len(frees)):
-                free = frees[t]
-                if accepted[t][i] and per_gpu <= free:  # else the GPU offered it nothing, and offers nothing now
-                    left = lefts[t]
-                    copies += left // per_gpu - free // per_gpu
-                    usable += (left if left >= per_gpu else 0) - free
-                    moved = True
-            if not moved:
+            if not accepts[i] or per_gpu > free:  # the GPU offered it nothing, and offers nothing now
                 hosted.extend(kept[j:j + 4])
                 continue
+            copies = origin_hosted[j + 2] - free // per_gpu + left // per_gpu
             if copies <= 0:
                 continue
+            usable = origin_hosted[j + 1] - free + (left if left >= per_gpu else 0)
             boxed_usable: object = usable
             boxed_copies: object = copies
             hosted.append(kept[j])
@@ -542,8 +529,8 @@ class GPUChoices:
     workload, so it outlives target changes; nodes in the same GPU state share it."""
 
     before: tuple[Pool, ...]
-    # Per option: the GPUs, the units taken of each, the pools after, and their origin.
-    options: tuple[tuple[tuple[int, ...], dict[int, int], tuple[Pool, ...], Origin], ...]
+    # Per option: the GPUs, the units taken of each, the pools after, and their origin where one GPU is shared.
+    options: tuple[tuple[tuple[int, ...], dict[int, int], tuple[Pool, ...], Origin | None], ...]
     largest: int  # the node's largest GPU, in memory units (0 without GPUs)
 
 
@@ -638,7 +625,9 @@ class FragmentationGradient:
             for chosen in self.choices(hosts, request):
                 taken = {g.index: g.free if request.exclusive else weighed for g in chosen}
                 taken = self._takens.setdefault(tuple(taken.items()), taken)
-                origin: Origin = (before, tuple((g.model, g.free, taken[g.index]) for g in chosen))
+                origin: Origin | None = None
+                if len(chosen) == 1 and not request.exclusive:
+                    origin = (before, (chosen[0].model, chosen[0].free, weighed))
                 options.append((tuple(g.index for g in chosen), taken, self._shared_pools(_pools(rows, taken)), origin))
             found = GPUChoices(before, tuple(options),
                                max((g.total for g in node.gpus), default=0))
