@@ -176,7 +176,7 @@ class DemandSides:
         # Each number the sides hold, as one object however many sides hold it: a million numbers over 9,000 sides
         # took 863 distinct values (gpuspec20's pods with their CPU spread, 10,000 on 5,000 of openb's nodes), and an
         # int object each cost 28 bytes beyond its place in the tuple. Typed ``object`` so that compiled code keeps
-        # the object kept here instead of boxing the value anew. Emptied with the store.
+        # the object kept here instead of boxing the value anew. Emptied past ``GPU_SIDE_VALUES_LIMIT``.
         self._values: dict[object, object] = {}
         for demand in demands:
             self._add(demand)
@@ -246,9 +246,9 @@ class DemandSides:
         held = self._numbers_held + len(new)
         # The entries read least recently go, one at a time, never all at once: emptied whole, a store at its bound
         # on numbers freed 3 million of them in 8 ms, and every set of pools the next filters met was worked out
-        # afresh. With every sharing pod its own share (each side lists 500 demands, so the store holds 1,500) it
-        # filled every few hundred pods: over 6,000 pods on 5,000 nodes the sides worked out afresh listed 7.7
-        # million demands, 3.3 million with the oldest entries going first, 2.4 million with these.
+        # afresh. With every sharing pod its own share (a side lists about 130 demands, so the store holds about
+        # 6,000 sides) it filled every few hundred pods: over 6,000 pods on 5,000 nodes the sides worked out afresh
+        # listed 7.7 million demands, 3.3 million with the oldest entries going first, 2.4 million with these.
         while (held > GPU_SIDE_NUMBERS_LIMIT or len(sides) > GPU_SIDES_LIMIT) and len(sides) > 1:
             _, (_, (_, oldest)) = sides.popitem(last=False)
             held -= len(oldest)
@@ -549,7 +549,8 @@ class FragmentationGradient:
         self._measure_version = self.workload.version
         self._choices: OrderedDict[ChoicesKey, GPUChoices | None] = OrderedDict()
         # The GPU rows the keys of ``_choices`` hold and the pools its answers hold, each once (see ``CHOICES_LIMIT``),
-        # and the units taken of its answers' GPU choices likewise; emptied with it.
+        # and the units taken of its answers' GPU choices likewise; each within ``SHARED_LIMIT``, the oldest going
+        # first.
         self._shared: OrderedDict[Hashable, Hashable] = OrderedDict()
         self._takens: OrderedDict[tuple[tuple[int, int], ...], dict[int, int]] = OrderedDict()
 
