@@ -53,10 +53,14 @@ PREFIX = "/gpushare-scheduler"
 # A body must arrive within this long; kube-scheduler sends even a 15,000-node list in well under a second.
 BODY_READ_TIMEOUT_S = 10.0
 # At most this many node states scored afresh (or nodes copied for a policy that follows the cluster) on the event
-# loop per filter or prioritize, a millisecond at most; more go to a thread, and the filter starts over there. On
-# openb's fleet (nine models, 1 to 8 GPUs a node) a 500-name window holds 13 states, and 16 sent 3% of the filters
-# to a thread: the p99 of filter was 4.1-4.7 ms with 16 and 3.7-3.9 ms with 32, three runs each.
-INLINE_SCORE_READS = 32
+# loop per filter or prioritize, a few milliseconds; more (a cold start over thousands of nodes) go to a thread, and
+# the filter starts over there. kube-scheduler waits for the answer either way, and the start over and the hop to a
+# thread only add to it. On openb's fleet (nine models, 1 to 8 GPUs a node) a 500-name window holds 13 states, and
+# 16 sent 3% of the filters to a thread: the p99 of filter was 4.1-4.7 ms with 16 and 3.7-3.9 ms with 32, three runs
+# each. With every sharing pod its own GPU share (19 states afresh a filter, 50-70 in the slowest hundredth), 32 sent
+# a sixth of the filters to a thread: 0.65 and 0.67 of the floor, p99 5.2 and 5.3 ms, against 0.70 and 0.72, p99 4.7
+# and 4.6 ms with 128 (alternating runs).
+INLINE_SCORE_READS = 128
 # Past the budget, the answer goes out after this margin even if a bind's thread is still stuck in a call.
 ANSWER_MARGIN_S = 0.5
 # Collections of the middle generation between two full ones, once the first list is frozen (CPython's default is

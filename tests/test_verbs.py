@@ -66,11 +66,12 @@ def test_a_binds_catch_up_leaves_the_next_filter_nothing_to_read() -> None:
     assert len(answer["NodeNames"]) == 1 and answer["NodeNames"][0] in NODES[10:]
 
 
-def test_a_window_of_two_dozen_node_states_is_answered_on_the_event_loop() -> None:
+def test_a_window_of_six_dozen_node_states_is_answered_on_the_event_loop() -> None:
     """On a fleet of many node shapes (openb's: nine models, 1 to 8 GPUs a node) a filter window holds a dozen
-    states or more, each new to the pod's shape: up to ``INLINE_SCORE_READS`` of them are scored on the event loop,
-    where sending the filter to a thread to start over would set the p99; past it, the filter goes to a thread."""
-    sizes = [8192 + 512 * i for i in range(24)]  # each node its own GPU size: its own state
+    states or more, each new to the pod's shape, and with every sharing pod its own GPU share up to 70: up to
+    ``INLINE_SCORE_READS`` of them are scored on the event loop, where sending the filter to a thread to start over
+    would set the p99; past it, the filter goes to a thread."""
+    sizes = [8192 + 512 * i for i in range(72)]  # each node its own GPU size: its own state
     names = [f"node-{i:02d}" for i in range(len(sizes))]
     cache = ClusterCache()
     cache.replace_nodes([node_info(name, [size, size]) for name, size in zip(names, sizes, strict=True)])
