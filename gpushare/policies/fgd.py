@@ -217,23 +217,24 @@ class DemandSides:
     def side(self, pools: tuple[Pool, ...], covering: int, origin: Origin | None = None) -> GPUSide:
         """The pools' GPU side, covering at least the first ``covering`` demands numbered; ``origin``, where the pools
         were made from others by a one-GPU share taken (a placement's pools after, from those before)."""
+        return self._entry(pools, covering, origin)[1]
+
+    def _entry(self, pools: tuple[Pool, ...], covering: int, origin: Origin | None = None) -> tuple[int, GPUSide]:
+        """``side``'s entry in the store: how many demands the side covers (the first so many numbers), and the
+        side."""
         found = self._sides.get(pools)
         if found is not None and found[0] >= covering:
             self._sides.move_to_end(pools)  # the store lets the sides read least recently go first
-            return found[1]
+            return found
         # A side worked out before some demand was numbered is extended by those numbered since.
         covered, (idle, hosted) = found if found is not None else (0, (sum(sum(frees) for _, frees, _ in pools), ()))
         numbered = len(self._demands)
-        source = None
         if found is None and origin is not None:
-            # Worked out first where the store no longer holds it (its F was remembered, so the filter read F alone):
-            # one side afresh for a node state, and each placement's moved from it, not each worked out afresh. With
-            # every sharing pod its own share (6,000 pods on 5,000 of openb's nodes), the slowest hundredth of the
-            # filters worked out 21 sides afresh each, 4 this way.
-            self.side(origin[0], covering)
-            source = self._sides.get(origin[0])
-        if origin is not None and source is not None:
-            new = self._moved(pools, source, origin[1], numbered)
+            # The origin's side is worked out first where the store no longer holds it (its F was remembered, so the
+            # filter read F alone): one side afresh for a node state, and each placement's moved from it, not each
+            # worked out afresh. With every sharing pod its own share (6,000 pods on 5,000 of openb's nodes), the
+            # slowest hundredth of the filters worked out 21 sides afresh each, 4 this way.
+            new = self._moved(pools, self._entry(origin[0], covering), origin[1], numbered)
         else:
             new = self._hosted(pools, range(covered, numbered))
         side = (idle, hosted + cast(tuple[int, ...], tuple(new)))
@@ -242,7 +243,7 @@ class DemandSides:
         # may have pushed that one out meanwhile.)
         if found is not None:
             sides.pop(pools, None)
-        sides[pools] = (numbered, side)
+        entry = sides[pools] = (numbered, side)
         held = self._numbers_held + len(new)
         # The entries read least recently go, one at a time, never all at once: emptied whole, a store at its bound
         # on numbers freed 3 million of them in 8 ms, and every set of pools the next filters met was worked out
@@ -257,7 +258,7 @@ class DemandSides:
             # The values of sides gone are kept here until this: kept anew, from the sides worked out next.
             self._values.clear()
             self._fixed = [self._kept(number, per_copy) for number, per_copy in self._fixed]
-        return side
+        return entry
 
     def _accepted(self, model: str, numbered: int) -> tuple[bool, ...]:
         """Per demand numbered (at least the first ``numbered``), whether it accepts ``model``."""
