@@ -25,7 +25,6 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from operator import attrgetter
 from typing import TypeVar, cast
 
 from gpushare.contract import ModelRule, PodRequest, Sharing
@@ -490,10 +489,8 @@ def _pools(rows: Sequence[Row], changed: dict[int, int]) -> tuple[Pool, ...]:
                  for model, values in sorted(frees.items()))
 
 
-_GPU_FIELDS = attrgetter("index", "model", "total", "used", "compute_used", "holders", "exclusive", "healthy", "numa")
-
-
-# A node's GPU state: per GPU its fields (``_GPU_FIELDS``), the GPUs' links and their sharing values.
+# A node's GPU state: per GPU its index, model, total, used, compute used, holders, exclusive, healthy and NUMA
+# node, then the GPUs' links and their sharing values.
 GPUState = tuple[tuple[Hashable, ...], Hashable, Hashable]
 # What the GPU choices for a request depend on: the GPU state and the request's GPU fields.
 ChoicesKey = tuple[GPUState, int, int, int, bool, int, ModelRule, Sharing, bool]
@@ -516,11 +513,20 @@ def gpu_state(node: Node) -> GPUState:
     """Everything about a node's GPUs that the GPU choices of a placement read (``can_host``, ``_rows``,
     ``pick_gpus``' topology): the GPU half of ``model.state_signature``."""
     gpus = node.gpus
-    links = tuple((g.index, tuple(sorted(g.links.items()))) for g in gpus if g.links)
+    rows: list[Hashable] = []
+    linked = shared = False
+    for g in gpus:
+        # Read as native attributes, not through ``attrgetter``: this key is built for every node state a policy
+        # weighs a pod against, memo hit or not.
+        rows.append((g.index, g.model, g.total, g.used, g.compute_used, g.holders, g.exclusive, g.healthy, g.numa))
+        linked = linked or bool(g.links)
+        shared = shared or bool(g.affinity or g.anti_affinity or g.exclusion)
+    links = tuple((g.index, tuple(sorted(g.links.items()))) for g in gpus if g.links) if linked else ()
     # The sharing rules' counts decide ``can_host`` for pods with sharing values (and exclusion for every pod).
     sharing = tuple((g.index, tuple(sorted(g.affinity.items())), tuple(sorted(g.anti_affinity.items())),
-                     tuple(sorted(g.exclusion.items()))) for g in gpus if g.affinity or g.anti_affinity or g.exclusion)
-    return tuple(map(_GPU_FIELDS, gpus)), links, sharing
+                     tuple(sorted(g.exclusion.items()))) for g in gpus
+                    if g.affinity or g.anti_affinity or g.exclusion) if shared else ()
+    return tuple(rows), links, sharing
 
 
 @dataclass(frozen=True, slots=True)
