@@ -168,6 +168,9 @@ class DemandSides:
         # share: ``None`` otherwise), as the objects ``_values`` holds: read as they are, not looked up there, for
         # every demand a side lists (a side worked out afresh took a third less time, 100 demands in 197 listed).
         self._fixed: list[tuple[object, object | None]] = []
+        # Per demand's number: its share where a placement's side is moved for it (one GPU, a share of memory, not
+        # exclusive: ``_moved``), else 0; read as one int instead of unpacking the demand.
+        self._moving: list[int] = []
         self._accepts: dict[str, tuple[bool, ...]] = {}
         # Per set of pools: how many demands its side covers (the first so many numbers), and the side.
         self._sides: OrderedDict[tuple[Pool, ...], tuple[int, GPUSide]] = OrderedDict()
@@ -190,6 +193,7 @@ class DemandSides:
         number: object = len(self._demands)
         per_copy: object | None = per_gpu * count if per_gpu > 0 and not exclusive else None
         self._fixed.append(self._kept(number, per_copy))
+        self._moving.append(per_gpu if count == 1 and per_gpu > 0 and not exclusive else 0)
         self._numbers[demand] = len(self._demands)
         self._demands.append(demand)
         self._kinds.append(kind_number)
@@ -282,17 +286,24 @@ class DemandSides:
         origin_covered, (_, origin_hosted) = source
         kept = cast(tuple[object, ...], origin_hosted)  # the origin's numbers as the objects it holds
         accepts = self._accepted(model, numbered)
+        moving = self._moving
         values = self._values
-        hosted: list[object] = []
+        # Filled in place and cut to length: appended to, the list grew by reallocation a dozen times a side.
+        hosted: list[object] = [None] * len(origin_hosted)
+        at = 0
         afresh: list[int] = []
         for j in range(0, len(origin_hosted), 4):
             i = origin_hosted[j]
-            count, per_gpu, exclusive, _ = self._demands[i]
-            if count != 1 or per_gpu <= 0 or exclusive:
+            per_gpu = moving[i]
+            if per_gpu == 0:
                 afresh.append(i)
                 continue
             if not accepts[i] or per_gpu > free:  # the GPU offered it nothing, and offers nothing now
-                hosted.extend(kept[j:j + 4])
+                hosted[at] = kept[j]
+                hosted[at + 1] = kept[j + 1]
+                hosted[at + 2] = kept[j + 2]
+                hosted[at + 3] = kept[j + 3]
+                at += 4
                 continue
             copies = origin_hosted[j + 2] - free // per_gpu + left // per_gpu
             if copies <= 0:
@@ -300,10 +311,12 @@ class DemandSides:
             usable = origin_hosted[j + 1] - free + (left if left >= per_gpu else 0)
             boxed_usable: object = usable
             boxed_copies: object = copies
-            hosted.append(kept[j])
-            hosted.append(values.setdefault(boxed_usable, boxed_usable))
-            hosted.append(values.setdefault(boxed_copies, boxed_copies))
-            hosted.append(kept[j + 3])
+            hosted[at] = kept[j]
+            hosted[at + 1] = values.setdefault(boxed_usable, boxed_usable)
+            hosted[at + 2] = values.setdefault(boxed_copies, boxed_copies)
+            hosted[at + 3] = kept[j + 3]
+            at += 4
+        del hosted[at:]
         afresh.extend(range(origin_covered, numbered))
         hosted.extend(self._hosted(pools, afresh))
         return hosted
