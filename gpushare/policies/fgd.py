@@ -525,21 +525,20 @@ def least_room(gpus: Sequence[GPU], request: PodRequest) -> int:
 def gpu_state(node: Node) -> GPUState:
     """Everything about a node's GPUs that the GPU choices of a placement read (``can_host``, ``_rows``,
     ``pick_gpus``' topology): the GPU half of ``model.state_signature``."""
-    gpus = node.gpus
     rows: list[Hashable] = []
-    linked = shared = False
-    for g in gpus:
-        # Read as native attributes, not through ``attrgetter``: this key is built for every node state a policy
-        # weighs a pod against, memo hit or not.
+    links: list[Hashable] = []
+    sharing: list[Hashable] = []
+    # One compiled pass reading the fields as native attributes, not ``attrgetter`` and two generators: this key is
+    # built for every node state a policy weighs a pod against, memo hit or not.
+    for g in node.gpus:
         rows.append((g.index, g.model, g.total, g.used, g.compute_used, g.holders, g.exclusive, g.healthy, g.numa))
-        linked = linked or bool(g.links)
-        shared = shared or bool(g.affinity or g.anti_affinity or g.exclusion)
-    links = tuple((g.index, tuple(sorted(g.links.items()))) for g in gpus if g.links) if linked else ()
-    # The sharing rules' counts decide ``can_host`` for pods with sharing values (and exclusion for every pod).
-    sharing = tuple((g.index, tuple(sorted(g.affinity.items())), tuple(sorted(g.anti_affinity.items())),
-                     tuple(sorted(g.exclusion.items()))) for g in gpus
-                    if g.affinity or g.anti_affinity or g.exclusion) if shared else ()
-    return tuple(rows), links, sharing
+        if g.links:
+            links.append((g.index, tuple(sorted(g.links.items()))))
+        # The sharing rules' counts decide ``can_host`` for pods with sharing values (and exclusion for every pod).
+        if g.affinity or g.anti_affinity or g.exclusion:
+            sharing.append((g.index, tuple(sorted(g.affinity.items())), tuple(sorted(g.anti_affinity.items())),
+                            tuple(sorted(g.exclusion.items()))))
+    return tuple(rows), tuple(links), tuple(sharing)
 
 
 @dataclass(frozen=True, slots=True)
