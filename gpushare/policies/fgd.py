@@ -168,8 +168,9 @@ class DemandSides:
         # share: ``None`` otherwise), as the objects ``_values`` holds: read as they are, not looked up there, for
         # every demand a side lists (a side worked out afresh took a third less time, 100 demands in 197 listed).
         self._fixed: list[tuple[object, object | None]] = []
-        # Per demand's number: its share where a placement's side is moved for it (one GPU, a share of memory, not
-        # exclusive: ``_moved``), else 0; read as one int instead of unpacking the demand.
+        # Per demand's number: its share where it is a one-GPU share (one GPU, a share of memory, not exclusive), whose
+        # copies are counted GPU by GPU (``_hosted``) and whose side is moved from a placement's origin (``_moved``),
+        # else 0; read as one int instead of unpacking the demand.
         self._moving: list[int] = []
         self._accepts: dict[str, tuple[bool, ...]] = {}
         # Per set of pools: how many demands its side covers (the first so many numbers), and the side.
@@ -326,6 +327,7 @@ class DemandSides:
         hosted: list[object] = []
         values = self._values
         kinds = self._kinds
+        moving = self._moving
         # What a pool offers a demand depends on the demand's kind only, which many demands have in common
         # (gpuspec20's 63 demands have 20 of them): each pool works each kind out once per call, kept by the kind's
         # number (a list read, where a dict keyed by the share boxed each share anew).
@@ -345,7 +347,7 @@ class DemandSides:
                 hosts += offer[0]
                 usable += offer[1]
                 copies += offer[2]
-            if count != 1 or per_gpu <= 0 or exclusive:
+            if moving[i] == 0:  # not a one-GPU share: a copy needs ``count`` GPUs with room
                 copies = hosts // count if count else 0
             if copies <= 0:  # not one copy fits (too few GPUs with room): its shapes use nothing
                 continue
