@@ -7,7 +7,7 @@ import math
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpushare.contract import ModelRule, PodRequest
@@ -23,6 +23,7 @@ from gpushare.policies.fgd import (
     DemandSides,
     FragmentationGradient,
     Pool,
+    SharedSides,
     rank_left,
     rank_right,
 )
@@ -499,7 +500,7 @@ def test_a_gpu_side_moved_by_a_share_taken_from_one_gpu_is_the_side_worked_out_a
     rows = [(model, free, free == 1000) for model, free in gpus]
     later = [demand for demand in later if demand not in demands]
     everything = [*demands, *later]
-    for index, (model, free, _) in enumerate(rows):
+    for index, (model, free, whole) in enumerate(rows):
         for amount in {min(taken, free), *(free - per_gpu for _, per_gpu, _, _ in everything if per_gpu <= free)}:
             before = _pools_of(rows)
             after = _pools_of([(m, f - amount, False) if i == index else (m, f, w) for i, (m, f, w) in enumerate(rows)])
@@ -507,10 +508,59 @@ def test_a_gpu_side_moved_by_a_share_taken_from_one_gpu_is_the_side_worked_out_a
             if remembered:
                 sides.side(before, len(demands))
             assert sides.number(later) is not None
-            moved = sides.side(after, len(everything), (before, (model, free, amount)))
+            moved = sides.side(after, len(everything), (before, (model, free, amount, whole)))
             fresh = DemandSides(everything).side(after, len(everything))
             assert moved[0] == fresh[0] and _entries(moved[1]) == _entries(fresh[1])
             assert before in sides._sides
+
+
+_SHAPES = st.lists(st.tuples(st.builds(Shape, st.integers(0, 3), st.sampled_from([0, 50, 100, 250, 500, 990, 1000]),
+                                       st.sampled_from([0, 1000, 4000, 16000]), st.booleans(),
+                                       st.sampled_from([ModelRule(), ModelRule(("T4",))])),
+                             st.integers(1, 9)),
+                   min_size=1, max_size=16)
+
+
+@settings(max_examples=150, deadline=None)
+# A two-GPU share on GPUs with exactly its share free (one of them then no longer counts); CPU that feeds every copy
+# of a share after the share is taken (three copies), not before (four).
+@example(gpus=[("T4", 500), ("T4", 500), ("T4", 1000)], shapes=[(Shape(2, 500), 1), (Shape(1, 100, 4000), 2)],
+         taken=100, cpu_free=16000, cpu_taken=1000, paired=True)
+@example(gpus=[("T4", 1000)], shapes=[(Shape(1, 250, 4000), 1)], taken=250, cpu_free=15000, cpu_taken=0, paired=True)
+@given(gpus=st.lists(st.tuples(st.sampled_from(_MODELS), _UNITS), min_size=1, max_size=8), shapes=_SHAPES,
+       taken=_UNITS, cpu_free=st.integers(0, 40000), cpu_taken=st.sampled_from([0, 1000, 4000]),
+       paired=st.booleans())
+def test_f_after_a_share_taken_from_one_gpu_is_f_worked_out_afresh(
+        gpus: list[tuple[str, int]], shapes: list[tuple[Shape, int]], taken: int, cpu_free: int, cpu_taken: int,
+        paired: bool) -> None:
+    """F of a placement's state after, summed over the side before as the share taken moves it (never working the
+    side after out): F of the same state from a fresh store, for FGD's measure and the lookahead's, by itself and with
+    the other measure worked out in the same pass (``paired``, as the lookahead's tie-break does). Taken from each GPU
+    in turn, as drawn and so as to leave exactly each shape's share."""
+    total = sum(weight for _, weight in shapes)
+    target = [(shape, weight / total) for shape, weight in shapes]
+    rows = [(model, free, free == 1000) for model, free in gpus]
+    lookahead = FragmentationLookahead(workload(*target))
+    fgd = FragmentationGradient(lookahead.workload, lookahead.sides)
+    after_cpu = cpu_free - cpu_taken
+    for index, (model, free, whole) in enumerate(rows):
+        for amount in {min(taken, free), *(free - shape.per_gpu for shape, _ in shapes if shape.per_gpu <= free)}:
+            before = _pools_of(rows)
+            after = _pools_of([(m, f - amount, False) if i == index else (m, f, w) for i, (m, f, w) in enumerate(rows)])
+            origin = (before, (model, free, amount, whole))
+            first, second = (lookahead.measure(), fgd.measure()) if index % 2 else (fgd.measure(), lookahead.measure())
+            first.of(first.state(cpu_free, before))  # the state before is where a filter starts: its side is stored
+            states = [measure.state(after_cpu, after) for measure in (first, second)]
+            companion = (second, states[1]) if paired else None
+            worked_out = states[0] not in first._memo
+            moved = [first.of(states[0], origin, companion)]
+            if paired and worked_out:
+                assert states[1] in second._memo  # worked out in the same pass, kept under its own state
+            moved.append(second.of(states[1], origin))
+            for kind, state, value in zip((type(first), type(second)), states, moved, strict=True):
+                fresh = kind(lookahead.workload.target, SharedSides())
+                assert value == fresh.of(state), kind.__name__
+            assert after == before or after not in lookahead.sides._sides._sides  # never worked out and stored
 
 
 def test_a_full_store_of_gpu_sides_lets_only_the_sides_read_least_recently_go() -> None:

@@ -37,6 +37,8 @@ Pool = tuple[str, tuple[int, ...], tuple[int, ...]]
 # What F depends on: the node's free CPU (or how many of the target's CPU thresholds it meets) and its pools.
 StateKey = tuple[int, tuple[Pool, ...]]
 
+# Another measure, and its state of the same node: F worked out for both in one pass (``FragmentationMeasure.of``).
+Companion = tuple["FragmentationMeasure", StateKey]
 # The memo of F per node state is dropped when it grows past this many entries.
 MEMO_LIMIT = 200_000
 # The memo of GPU choices per (GPU state, request) keeps at most this many entries, the oldest going first. A key
@@ -79,9 +81,9 @@ def demand_of(shape: Shape) -> Demand:
 # 10,000 pods on 5,000 nodes: 6,800 for all targets together), so the limit leaves room for more varied fleets and
 # keeps a store under 60 MB.
 GPUSide = tuple[int, tuple[int, ...]]
-# How a set of pools was made from another by taking memory from one GPU: its model, its free memory before and the
-# units taken (a one-GPU share placed on it).
-Taking = tuple[str, int, int]
+# How a set of pools was made from another by taking memory from one GPU: its model, its free memory before, the
+# units taken (a one-GPU share placed on it) and whether it was untouched before.
+Taking = tuple[str, int, int, bool]
 # The pools a placement's pools after were made from, and how (see ``DemandSides.side``).
 Origin = tuple[tuple[Pool, ...], Taking]
 GPU_SIDES_LIMIT = 20_000
@@ -172,9 +174,15 @@ class DemandSides:
         # copies are counted GPU by GPU (``_hosted``) and whose side is moved from a placement's origin (``_moved``),
         # else 0; read as one int instead of unpacking the demand.
         self._moving: list[int] = []
+        # Per demand's number where it is not a one-GPU share: the least free memory a GPU needs for its offer to the
+        # demand to count it (its share), or -1 where its offer counts untouched GPUs only (exclusive); else 0.
+        self._reach: list[int] = []
         self._accepts: dict[str, tuple[bool, ...]] = {}
         # Per set of pools: how many demands its side covers (the first so many numbers), and the side.
         self._sides: OrderedDict[tuple[Pool, ...], tuple[int, GPUSide]] = OrderedDict()
+        # The origin of the pools after of the placements weighed (``used_after``), for a side of those pools read
+        # later (a pod bound there: its side is moved from the origin's, not worked out afresh).
+        self._origins: OrderedDict[tuple[Pool, ...], Origin] = OrderedDict()
         self._numbers_held = 0  # the length of every entry's side, summed
         # Each number the sides hold, as one object however many sides hold it: a million numbers over 9,000 sides
         # took 863 distinct values (gpuspec20's pods with their CPU spread, 10,000 on 5,000 of openb's nodes), and an
@@ -194,7 +202,9 @@ class DemandSides:
         number: object = len(self._demands)
         per_copy: object | None = per_gpu * count if per_gpu > 0 and not exclusive else None
         self._fixed.append(self._kept(number, per_copy))
-        self._moving.append(per_gpu if count == 1 and per_gpu > 0 and not exclusive else 0)
+        moving = per_gpu if count == 1 and per_gpu > 0 and not exclusive else 0
+        self._moving.append(moving)
+        self._reach.append(0 if moving else -1 if exclusive else per_gpu)
         self._numbers[demand] = len(self._demands)
         self._demands.append(demand)
         self._kinds.append(kind_number)
@@ -233,6 +243,12 @@ class DemandSides:
         # A side worked out before some demand was numbered is extended by those numbered since.
         covered, (idle, hosted) = found if found is not None else (0, (sum(sum(frees) for _, frees, _ in pools), ()))
         numbered = len(self._demands)
+        if origin is None and found is None:
+            # A placement's pools after, weighed and now read for themselves (a pod bound there): moved from the side
+            # before if the store still holds it (not from one it must work out again, and so on back).
+            weighed = self._origins.get(pools)
+            if weighed is not None and weighed[0] in self._sides:
+                origin = weighed
         if found is None and origin is not None:
             # The origin's side is worked out first where the store no longer holds it (its F was remembered, so the
             # filter read F alone): one side afresh for a node state, and each placement's moved from it, not each
@@ -282,7 +298,7 @@ class DemandSides:
         worked out afresh. With every sharing pod its own share, each placement's pools after are met once: this
         is most of the sides a filter works out.
         """
-        model, free, taken = taking
+        model, free, taken, _ = taking
         left = free - taken
         origin_covered, (_, origin_hosted) = source
         kept = cast(tuple[object, ...], origin_hosted)  # the origin's numbers as the objects it holds
@@ -321,6 +337,53 @@ class DemandSides:
         afresh.extend(range(origin_covered, numbered))
         hosted.extend(self._hosted(pools, afresh))
         return hosted
+
+    def used_after(self, pools: tuple[Pool, ...], origin: Origin, covering: int, measure: FragmentationMeasure,
+                   cpu: int, second: FragmentationMeasure | None = None, second_cpu: int = 0) -> tuple[int, int, int]:
+        """The idle memory of a placement's pools after (``pools``, made from ``origin``), and what ``measure``'s target
+        could use of it on a node whose free CPU has ``cpu`` as its key (``FragmentationMeasure.used``), summed over the
+        origin's side (covering at least the first ``covering`` demands) as the share taken moves it (see ``_moved``);
+        the same for ``second`` (0 without), in the same pass.
+
+        The side after is not worked out: a placement weighed is rarely the one bound (with every sharing pod its own
+        share, never exactly), and each side worked out boxed and kept its numbers, stored and later freed a tuple of
+        hundreds, and left it to the collector. With every pod its own share, that was a fifth of a filter's time.
+        """
+        before, (model, free, taken, whole) = origin
+        _, (idle, hosted) = self._entry(before, covering)
+        left = free - taken
+        accepts = self._accepted(model, len(self._demands))
+        moving, reach = self._moving, self._reach
+        used = used_second = 0
+        afresh: list[int] = []
+        # An indexed loop over ints: compiled, the moved numbers stay machine integers, never boxed.
+        for j in range(0, len(hosted), 4):
+            i = hosted[j]
+            usable, copies = hosted[j + 1], hosted[j + 2]
+            if accepts[i]:
+                per_gpu = moving[i]
+                if per_gpu == 0:  # the GPU counted for it where it offered it room: worked out afresh
+                    least = reach[i]
+                    if whole if least < 0 else least <= free:
+                        afresh.append(i)
+                        continue
+                elif per_gpu <= free:
+                    copies += left // per_gpu - free // per_gpu
+                    if copies <= 0:
+                        continue
+                    usable -= free - (left if left >= per_gpu else 0)
+            used += measure.term(cpu, i, usable, copies, hosted[j + 3])
+            if second is not None:
+                used_second += second.term(second_cpu, i, usable, copies, hosted[j + 3])
+        if afresh:
+            listed = cast(tuple[int, ...], tuple(self._hosted(pools, afresh)))
+            used += measure.used(cpu, listed)
+            if second is not None:
+                used_second += second.used(second_cpu, listed)
+        origins = self._origins
+        origins[pools] = origin
+        _bounded(origins, GPU_SIDES_LIMIT)
+        return idle - taken, used, used_second
 
     def _hosted(self, pools: tuple[Pool, ...], demands: Sequence[int]) -> list[object]:
         """Of ``demands`` (numbers), those of which a copy fits: the four numbers of each, as objects of ``_values``."""
@@ -448,34 +511,64 @@ class FragmentationMeasure:
     def state(self, cpu_free: int, pools: tuple[Pool, ...]) -> StateKey:
         return (rank_right(self.thresholds, cpu_free), pools)
 
-    def of(self, state: StateKey, origin: Origin | None = None) -> int:
-        """``amount``, remembered (``origin``: see ``DemandSides.side``)."""
+    def of(self, state: StateKey, origin: Origin | None = None, also: Companion | None = None) -> int:
+        """``amount``, remembered; ``origin``: the pools before and the share taken that made the state's pools (a
+        placement's pools after), from which F is worked out (``DemandSides.used_after``); ``also``: another measure
+        and its state of the same pools, whose F is worked out in the same pass and remembered there, where it is not
+        already (the lookahead's tie-break weighs the same placements with FGD's F)."""
         found = self._memo.get(state)
         if found is None:
             if len(self._memo) >= MEMO_LIMIT:
                 self._memo.clear()
-            found = self._memo[state] = self.amount(state, origin)
+            cpu, pools = state
+            if origin is None:
+                idle, hosted = self.gpu_side(pools)
+                found = 0 if idle == 0 else idle * self.scale(cpu) - self.used(cpu, hosted)
+            else:
+                second, second_state = also if also is not None else (None, state)
+                if second is not None and second_state in second._memo:
+                    second = None
+                covering = self._covering if second is None else max(self._covering, second._covering)
+                idle, used, used_second = self._sides.used_after(pools, origin, covering, self, cpu, second,
+                                                                 second_state[0])
+                found = 0 if idle == 0 else idle * self.scale(cpu) - used
+                if second is not None:
+                    second_cpu = second_state[0]
+                    second.remember(second_state, 0 if idle == 0 else idle * second.scale(second_cpu) - used_second)
+            self._memo[state] = found
         return found
 
-    def amount(self, state: StateKey, origin: Origin | None = None) -> int:
-        """F in memory units times ``PRECISION``."""
-        cpu_class, pools = state
-        idle, hosted = self.gpu_side(pools, origin)
-        if idle == 0:
-            return 0
-        used = 0
-        by_rank = self._by_rank
-        # An indexed loop over ints: compiled, it runs on machine integers (see ``CapacityMeasure.amount``).
-        for i in range(0, len(hosted), 4):
-            ranks = by_rank[hosted[i]]
-            if ranks is not None:  # else no shape of the target wants it
-                # The shapes whose CPU the node still has: the others can use nothing.
-                used += ranks.below[rank_left(ranks.keys, cpu_class)] * hosted[i + 1]
-        return self.weight * idle - used
+    def remember(self, state: StateKey, value: int) -> None:
+        """Keep ``value`` as F of ``state``, worked out by another measure's pass (``of``)."""
+        if len(self._memo) >= MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[state] = value
 
-    def gpu_side(self, pools: tuple[Pool, ...], origin: Origin | None = None) -> GPUSide:
+    def scale(self, cpu: int) -> int:
+        """F in memory units times ``PRECISION`` is the idle memory times this, less what the target could use of it
+        (``used``): the target's weight (``cpu``: the key of the node's free CPU in a state)."""
+        return self.weight
+
+    def used(self, cpu: int, hosted: tuple[int, ...]) -> int:
+        """What the target could use of the memory of the demands listed in ``hosted`` (four numbers each, as a
+        ``GPUSide`` lists them), weighted, on a node whose free CPU has ``cpu`` as its key in a state."""
+        used = 0
+        for i in range(0, len(hosted), 4):
+            used += self.term(cpu, hosted[i], hosted[i + 1], hosted[i + 2], hosted[i + 3])
+        return used
+
+    def term(self, cpu: int, number: int, usable: int, copies: int, per_copy: int) -> int:
+        """``used`` for one demand (by its number) of which ``copies`` fit, using ``usable`` memory, ``per_copy`` a
+        copy."""
+        ranks = self._by_rank[number]
+        if ranks is None:  # no shape of the target wants it
+            return 0
+        # The shapes whose CPU the node still has: the others can use nothing.
+        return ranks.below[rank_left(ranks.keys, cpu)] * usable
+
+    def gpu_side(self, pools: tuple[Pool, ...]) -> GPUSide:
         """The pools' idle memory, and the four numbers of each demand of which a copy fits (see ``GPUSide``)."""
-        return self._sides.side(pools, self._covering, origin)
+        return self._sides.side(pools, self._covering)
 
 
 def _whole(gpu: GPU) -> bool:
@@ -602,8 +695,10 @@ class FragmentationGradient:
         view = self.gpu_choices(node, request)
         return None if view is None else self.best(node, request, view)
 
-    def best(self, node: Node, request: PodRequest, view: GPUChoices) -> Candidate | None:
-        """The best of the node's GPU choices for the request (CPU and memory already checked)."""
+    def best(self, node: Node, request: PodRequest, view: GPUChoices, also: FragmentationMeasure | None = None
+             ) -> Candidate | None:
+        """The best of the node's GPU choices for the request (CPU and memory already checked); ``also``: another
+        measure that will weigh the same choices, whose F of each state after is worked out in the same pass."""
         measure = self.measure()  # once: one target for the whole comparison
         cpu_free = node.cpu_milli - node.cpu_used
         before = measure.of(self._state(measure, node, cpu_free, view.before))
@@ -612,7 +707,8 @@ class FragmentationGradient:
         costs = self.displacements(node, request, [taken for _, taken, _, _ in view.options])
         for (gpus, _, pools, origin), cost in zip(view.options, costs, strict=True):
             after = self._state(measure, node, cpu_free - request.cpu_milli, pools)
-            growth = measure.of(after, origin) - before + cost
+            companion = None if also is None else (also, self._state(also, node, cpu_free - request.cpu_milli, pools))
+            growth = measure.of(after, origin, companion) - before + cost
             rank = self.rank(growth, gpu_size)
             if best is None or rank > best[0]:
                 best = (rank, gpus)
@@ -649,7 +745,7 @@ class FragmentationGradient:
                 taken = self._takens.setdefault(tuple(taken.items()), taken)
                 origin: Origin | None = None
                 if len(chosen) == 1 and not request.exclusive:
-                    origin = (before, (chosen[0].model, chosen[0].free, weighed))
+                    origin = (before, (chosen[0].model, chosen[0].free, weighed, _whole(chosen[0])))
                 options.append((tuple(g.index for g in chosen), taken, self._shared_pools(_pools(rows, taken)), origin))
             found = GPUChoices(before, tuple(options),
                                max((g.total for g in node.gpus), default=0))

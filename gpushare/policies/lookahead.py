@@ -32,7 +32,6 @@ from gpushare.policies.fgd import (
     SCORE_LEVELS,
     FragmentationGradient,
     FragmentationMeasure,
-    Origin,
     Pool,
     SharedSides,
     StateKey,
@@ -73,40 +72,32 @@ class CapacityMeasure(FragmentationMeasure):
     def state(self, cpu_free: int, pools: tuple[Pool, ...]) -> StateKey:
         return (cpu_free, pools)
 
-    def amount(self, state: StateKey, origin: Origin | None = None) -> int:
-        cpu_free, pools = state
-        idle, hosted = self.gpu_side(pools, origin)
-        if idle == 0:
-            return 0
-        # All the idle memory is fragment for every shape, less what each could use: nothing for the shapes that
-        # need no GPU and have the CPU (they are the ones the bisection counts off), and per demand some copy of
-        # fits, all that is usable for its shapes that need no CPU and below, what those needing CPU could use.
-        # Indexed loops over tuples of ints: compiled, they run on machine integers. Written as an iterator of four
-        # and C-level maps over boxed ints, this measure (its GPU sides included) took a fifth of a filter
-        # (gpuspec20's pods on openb's fleet) and a quarter of a policy's fresh evaluation.
+    def scale(self, cpu: int) -> int:
+        # All the idle memory is fragment for every shape, less what each could use: nothing for the shapes that need
+        # no GPU and have the CPU (they are the ones the bisection counts off).
         keys, below = self._cpu_only_weights.keys, self._cpu_only_weights.below
-        total = idle * (self.weight - below[rank_right(keys, cpu_free)])
-        plan = self._plan
-        for i in range(0, len(hosted), 4):
-            shapes = plan[hosted[i]]
-            if shapes is None:  # no shape of the target wants it
-                continue
-            usable, copies, per_copy = hosted[i + 1], hosted[i + 2], hosted[i + 3]
-            no_cpu_weight, keys, below, weights = shapes
-            # The shapes with the CPU for every copy use all that is usable.
-            fed = rank_right(keys, cpu_free // copies)
-            total -= usable * (no_cpu_weight + below[fed])
-            # Those after, up to the CPU the node has, feed cpu_free // CPU copies of per_copy each: fewer than
-            # ``copies``, which never use more than is usable, so these use no more either. On a cluster with room
-            # this is most shapes (a few cores feed every copy of a small share).
-            fed_partly = 0
-            for j in range(fed, len(keys)):
-                cpu = keys[j]
-                if cpu > cpu_free:
-                    break
-                fed_partly += weights[j] * (cpu_free // cpu)
-            total -= per_copy * fed_partly
-        return total
+        return self.weight - below[rank_right(keys, cpu)]
+
+    def term(self, cpu: int, number: int, usable: int, copies: int, per_copy: int) -> int:
+        # All that is usable for the demand's shapes that need no CPU and for those the node has the CPU for at every
+        # copy, what those needing more could use. Compiled, on machine integers: written as an iterator of four and
+        # C-level maps over boxed ints, this measure (its GPU sides included) took a fifth of a filter (gpuspec20's pods
+        # on openb's fleet) and a quarter of a policy's fresh evaluation.
+        shapes = self._plan[number]
+        if shapes is None:  # no shape of the target wants it
+            return 0
+        no_cpu_weight, keys, below, weights = shapes
+        fed = rank_right(keys, cpu // copies)
+        # Those after, up to the CPU the node has, feed cpu // CPU copies of per_copy each: fewer than ``copies``, which
+        # never use more than is usable, so these use no more either. On a cluster with room this is most shapes (a few
+        # cores feed every copy of a small share).
+        fed_partly = 0
+        for j in range(fed, len(keys)):
+            needed = keys[j]
+            if needed > cpu:
+                break
+            fed_partly += weights[j] * (cpu // needed)
+        return usable * (no_cpu_weight + below[fed]) + per_copy * fed_partly
 
 
 class FragmentationLookahead(FragmentationGradient):
@@ -126,8 +117,9 @@ class FragmentationLookahead(FragmentationGradient):
         view = self.gpu_choices(node, request)
         if view is None:
             return None
-        candidate = self.best(node, request, view)
-        if candidate is None or request.gpu_count != 1 or request.exclusive or request.per_gpu >= view.largest:
+        tie_break = request.gpu_count == 1 and not request.exclusive and request.per_gpu < view.largest
+        candidate = self.best(node, request, view, self._fgd.measure() if tie_break else None)
+        if candidate is None or not tie_break:
             return candidate
         fgd = self._fgd.best(node, request, view)
         if fgd is None:
