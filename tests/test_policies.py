@@ -22,6 +22,7 @@ from gpushare.policies.fgd import (
     Demand,
     DemandSides,
     FragmentationGradient,
+    FragmentationMeasure,
     Pool,
     SharedSides,
     rank_left,
@@ -477,8 +478,10 @@ def _pools_of(gpus: list[tuple[str, int, bool]]) -> tuple[Pool, ...]:
                  for model in sorted({m for m, _, _ in gpus}))
 
 
-def _entries(hosted: tuple[int, ...]) -> list[tuple[int, ...]]:
-    return sorted(hosted[i:i + 4] for i in range(0, len(hosted), 4))
+def _by_demand(sides: DemandSides, hosted: tuple[int, ...]) -> list[tuple[Demand, int, int, int]]:
+    """A side's entries with their demand instead of its number."""
+    return sorted(((sides._demands[hosted[i]], hosted[i + 1], hosted[i + 2], hosted[i + 3])
+                   for i in range(0, len(hosted), 4)), key=repr)
 
 
 # Free memory and shares: often the demands' own shares and their sums, so that what is left lands on a share.
@@ -489,36 +492,45 @@ _DEMANDS = st.lists(st.tuples(st.integers(0, 4), st.sampled_from([0, 50, 100, 25
 
 
 @settings(max_examples=200, deadline=None)
+# A share that fits the GPU exactly, and no more once memory is taken from it.
+@example(gpus=[("T4", 500), ("T4", 1000)], demands=[(1, 500, False, ModelRule())], later=[], taken=100,
+         remembered=True)
 @given(gpus=st.lists(st.tuples(st.sampled_from(_MODELS), _UNITS), min_size=1, max_size=8),
        demands=_DEMANDS, later=_DEMANDS, taken=_UNITS, remembered=st.booleans())
 def test_a_gpu_side_moved_by_a_share_taken_from_one_gpu_is_the_side_worked_out_afresh(
         gpus: list[tuple[str, int]], demands: list[Demand], later: list[Demand], taken: int, remembered: bool) -> None:
-    """A placement's pools after, from its pools before and a one-GPU share taken: the side moved from the side
-    before is the one a fresh store works out, for the demands numbered since the side before too. Taken from each
-    GPU in turn, as drawn and so as to leave exactly each demand's share; with the side before in the store or not
-    (``remembered``: where it is not, it is worked out first and kept, for the other placements to move from)."""
+    """A placement's pools after, weighed from its pools before and a one-GPU share taken, then read for themselves (a
+    pod bound there): the side moved from the side before is the one a fresh store works out, for the demands numbered
+    since the side before too. Taken from each GPU in turn, as drawn and so as to leave exactly each demand's share;
+    with the side before still in the store or not (``remembered``: where it is not, the side is worked out afresh)."""
     rows = [(model, free, free == 1000) for model, free in gpus]
     later = [demand for demand in later if demand not in demands]
     everything = [*demands, *later]
+    target = tuple((Shape(count, per_gpu, 0, exclusive, models), 1 / len(demands))
+              for count, per_gpu, exclusive, models in demands)
     for index, (model, free, whole) in enumerate(rows):
         for amount in {min(taken, free), *(free - per_gpu for _, per_gpu, _, _ in everything if per_gpu <= free)}:
             before = _pools_of(rows)
             after = _pools_of([(m, f - amount, False) if i == index else (m, f, w) for i, (m, f, w) in enumerate(rows)])
-            sides = DemandSides(demands)
-            if remembered:
-                sides.side(before, len(demands))
+            shared = SharedSides()
+            measure = FragmentationMeasure(target, shared)
+            sides = shared._sides
+            measure.of(measure.state(0, after), (before, (model, free, amount, whole)))  # weighed: its origin is kept
+            if not remembered:
+                sides._sides.pop(before, None)
             assert sides.number(later) is not None
-            moved = sides.side(after, len(everything), (before, (model, free, amount, whole)))
-            fresh = DemandSides(everything).side(after, len(everything))
-            assert moved[0] == fresh[0] and _entries(moved[1]) == _entries(fresh[1])
-            assert before in sides._sides
+            fresh_sides = DemandSides(everything)
+            side, fresh = sides.side(after, len(everything)), fresh_sides.side(after, len(everything))
+            # Numbered differently (a measure numbers the demands that need GPUs): compared demand by demand.
+            assert side[0] == fresh[0] and _by_demand(sides, side[1]) == _by_demand(fresh_sides, fresh[1])
 
 
-_SHAPES = st.lists(st.tuples(st.builds(Shape, st.integers(0, 3), st.sampled_from([0, 50, 100, 250, 500, 990, 1000]),
-                                       st.sampled_from([0, 1000, 4000, 16000]), st.booleans(),
-                                       st.sampled_from([ModelRule(), ModelRule(("T4",))])),
-                             st.integers(1, 9)),
-                   min_size=1, max_size=16)
+_WEIGHTED_SHAPES = st.lists(st.tuples(st.builds(Shape, st.integers(0, 3),
+                                                st.sampled_from([0, 50, 100, 250, 500, 990, 1000]),
+                                                st.sampled_from([0, 1000, 4000, 16000]), st.booleans(),
+                                                st.sampled_from([ModelRule(), ModelRule(("T4",))])),
+                                      st.integers(1, 9)),
+                            min_size=1, max_size=16)
 
 
 @settings(max_examples=150, deadline=None)
@@ -527,7 +539,7 @@ _SHAPES = st.lists(st.tuples(st.builds(Shape, st.integers(0, 3), st.sampled_from
 @example(gpus=[("T4", 500), ("T4", 500), ("T4", 1000)], shapes=[(Shape(2, 500), 1), (Shape(1, 100, 4000), 2)],
          taken=100, cpu_free=16000, cpu_taken=1000, paired=True)
 @example(gpus=[("T4", 1000)], shapes=[(Shape(1, 250, 4000), 1)], taken=250, cpu_free=15000, cpu_taken=0, paired=True)
-@given(gpus=st.lists(st.tuples(st.sampled_from(_MODELS), _UNITS), min_size=1, max_size=8), shapes=_SHAPES,
+@given(gpus=st.lists(st.tuples(st.sampled_from(_MODELS), _UNITS), min_size=1, max_size=8), shapes=_WEIGHTED_SHAPES,
        taken=_UNITS, cpu_free=st.integers(0, 40000), cpu_taken=st.sampled_from([0, 1000, 4000]),
        paired=st.booleans())
 def test_f_after_a_share_taken_from_one_gpu_is_f_worked_out_afresh(

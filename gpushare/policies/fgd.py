@@ -228,12 +228,11 @@ class DemandSides:
         """How long a table indexed by this numbering's numbers must be: no number ever reaches it."""
         return max(DEMANDS_LIMIT, len(self._demands))
 
-    def side(self, pools: tuple[Pool, ...], covering: int, origin: Origin | None = None) -> GPUSide:
-        """The pools' GPU side, covering at least the first ``covering`` demands numbered; ``origin``, where the pools
-        were made from others by a one-GPU share taken (a placement's pools after, from those before)."""
-        return self._entry(pools, covering, origin)[1]
+    def side(self, pools: tuple[Pool, ...], covering: int) -> GPUSide:
+        """The pools' GPU side, covering at least the first ``covering`` demands numbered."""
+        return self._entry(pools, covering)[1]
 
-    def _entry(self, pools: tuple[Pool, ...], covering: int, origin: Origin | None = None) -> tuple[int, GPUSide]:
+    def _entry(self, pools: tuple[Pool, ...], covering: int) -> tuple[int, GPUSide]:
         """``side``'s entry in the store: how many demands the side covers (the first so many numbers), and the
         side."""
         found = self._sides.get(pools)
@@ -243,18 +242,12 @@ class DemandSides:
         # A side worked out before some demand was numbered is extended by those numbered since.
         covered, (idle, hosted) = found if found is not None else (0, (sum(sum(frees) for _, frees, _ in pools), ()))
         numbered = len(self._demands)
-        if origin is None and found is None:
-            # A placement's pools after, weighed and now read for themselves (a pod bound there): moved from the side
-            # before if the store still holds it (not from one it must work out again, and so on back).
-            weighed = self._origins.get(pools)
-            if weighed is not None and weighed[0] in self._sides:
-                origin = weighed
-        if found is None and origin is not None:
-            # The origin's side is worked out first where the store no longer holds it (its F was remembered, so the
-            # filter read F alone): one side afresh for a node state, and each placement's moved from it, not each
-            # worked out afresh. With every sharing pod its own share (6,000 pods on 5,000 of openb's nodes), the
-            # slowest hundredth of the filters worked out 21 sides afresh each, 4 this way.
-            new = self._moved(pools, self._entry(origin[0], covering), origin[1], numbered)
+        # A placement's pools after, weighed (``used_after``) and now read for themselves (a pod bound there): moved
+        # from the side before while the store holds it, not worked out afresh.
+        origin = self._origins.get(pools) if found is None else None
+        source = None if origin is None else self._sides.get(origin[0])
+        if origin is not None and source is not None:
+            new = self._moved(pools, source, origin[1], numbered)
         else:
             new = self._hosted(pools, range(covered, numbered))
         side = (idle, hosted + cast(tuple[int, ...], tuple(new)))
@@ -526,7 +519,8 @@ class FragmentationMeasure:
                 found = 0 if idle == 0 else idle * self.scale(cpu) - self.used(cpu, hosted)
             else:
                 second, second_state = also if also is not None else (None, state)
-                if second is not None and second_state in second._memo:
+                # Not where it is known already, nor on sides numbered otherwise (a target built on another numbering).
+                if second is not None and (second_state in second._memo or second._sides is not self._sides):
                     second = None
                 covering = self._covering if second is None else max(self._covering, second._covering)
                 idle, used, used_second = self._sides.used_after(pools, origin, covering, self, cpu, second,
