@@ -84,7 +84,7 @@ GPUSide = tuple[int, tuple[int, ...]]
 # How a set of pools was made from another by taking memory from one GPU: its model, its free memory before, the
 # units taken (a one-GPU share placed on it) and whether it was untouched before.
 Taking = tuple[str, int, int, bool]
-# The pools a placement's pools after were made from, and how (see ``DemandSides.side``).
+# The pools a placement's pools after were made from, and how (see ``DemandSides.used_after``).
 Origin = tuple[tuple[Pool, ...], Taking]
 GPU_SIDES_LIMIT = 20_000
 # The numbers all entries hold together: a bound on the store's memory whatever the number of demands. With hundreds
@@ -505,10 +505,11 @@ class FragmentationMeasure:
         return (rank_right(self.thresholds, cpu_free), pools)
 
     def of(self, state: StateKey, origin: Origin | None = None, also: Companion | None = None) -> int:
-        """``amount``, remembered; ``origin``: the pools before and the share taken that made the state's pools (a
-        placement's pools after), from which F is worked out (``DemandSides.used_after``); ``also``: another measure
-        and its state of the same pools, whose F is worked out in the same pass and remembered there, where it is not
-        already (the lookahead's tie-break weighs the same placements with FGD's F)."""
+        """F of ``state`` in memory units times ``PRECISION``, remembered: the idle memory times ``scale``, less
+        what the target could use of it (``used``). ``origin``: the pools before and the share taken that made the
+        state's pools (a placement's pools after), from which F is worked out (``DemandSides.used_after``); ``also``:
+        another measure and its state of the same pools, whose F is worked out in the same pass and remembered there,
+        where it is not already (the lookahead's tie-break weighs the same placements with FGD's F)."""
         found = self._memo.get(state)
         if found is None:
             if len(self._memo) >= MEMO_LIMIT:
@@ -539,8 +540,8 @@ class FragmentationMeasure:
         self._memo[state] = value
 
     def scale(self, cpu: int) -> int:
-        """F in memory units times ``PRECISION`` is the idle memory times this, less what the target could use of it
-        (``used``): the target's weight (``cpu``: the key of the node's free CPU in a state)."""
+        """What a unit of idle memory weighs in F (``of``) before the target's use of it is taken off: the target's
+        weight (``cpu``: the key of the node's free CPU in a state)."""
         return self.weight
 
     def used(self, cpu: int, hosted: tuple[int, ...]) -> int:
