@@ -507,7 +507,7 @@ def test_a_gpu_side_moved_by_a_share_taken_from_one_gpu_is_the_side_worked_out_a
     later = [demand for demand in later if demand not in demands]
     everything = [*demands, *later]
     target = tuple((Shape(count, per_gpu, 0, exclusive, models), 1 / len(demands))
-              for count, per_gpu, exclusive, models in demands)
+                   for count, per_gpu, exclusive, models in demands)
     for index, (model, free, whole) in enumerate(rows):
         for amount in {min(taken, free), *(free - per_gpu for _, per_gpu, _, _ in everything if per_gpu <= free)}:
             before = _pools_of(rows)
