@@ -497,12 +497,12 @@ _DEMANDS = st.lists(st.tuples(st.integers(0, 4), st.sampled_from([0, 50, 100, 25
          remembered=True)
 @given(gpus=st.lists(st.tuples(st.sampled_from(_MODELS), _UNITS), min_size=1, max_size=8),
        demands=_DEMANDS, later=_DEMANDS, taken=_UNITS, remembered=st.booleans())
-def test_a_gpu_side_moved_by_a_share_taken_from_one_gpu_is_the_side_worked_out_afresh(
+def test_a_gpu_side_read_after_its_placement_was_weighed_is_the_side_worked_out_afresh(
         gpus: list[tuple[str, int]], demands: list[Demand], later: list[Demand], taken: int, remembered: bool) -> None:
-    """A placement's pools after, weighed from its pools before and a one-GPU share taken, then read for themselves (a
-    pod bound there): the side moved from the side before is the one a fresh store works out, for the demands numbered
-    since the side before too. Taken from each GPU in turn, as drawn and so as to leave exactly each demand's share;
-    with the side before still in the store or not (``remembered``: where it is not, the side is worked out afresh)."""
+    """A placement's pools after, weighed from its pools before and a one-GPU share taken (F summed over the side
+    before, nothing stored for the pools after), then read for themselves (a pod bound there): their side is the one a
+    fresh store works out, for the demands numbered since too. Taken from each GPU in turn, as drawn and so as to leave
+    exactly each demand's share; with the side before still in the store or not (``remembered``)."""
     rows = [(model, free, free == 1000) for model, free in gpus]
     later = [demand for demand in later if demand not in demands]
     everything = [*demands, *later]
@@ -515,7 +515,7 @@ def test_a_gpu_side_moved_by_a_share_taken_from_one_gpu_is_the_side_worked_out_a
             shared = SharedSides()
             measure = FragmentationMeasure(target, shared)
             sides = shared._sides
-            measure.of(measure.state(0, after), (before, (model, free, amount, whole)))  # weighed: its origin is kept
+            measure.of(measure.state(0, after), (before, (model, free, amount, whole)))  # weighed, as a filter does
             if not remembered:
                 sides._sides.pop(before, None)
             assert sides.number(later) is not None

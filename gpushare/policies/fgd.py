@@ -171,8 +171,8 @@ class DemandSides:
         # every demand a side lists (a side worked out afresh took a third less time, 100 demands in 197 listed).
         self._fixed: list[tuple[object, object | None]] = []
         # Per demand's number: its share where it is a one-GPU share (one GPU, a share of memory, not exclusive), whose
-        # copies are counted GPU by GPU (``_hosted``) and whose side is moved from a placement's origin (``_moved``),
-        # else 0; read as one int instead of unpacking the demand.
+        # copies are counted GPU by GPU (``_hosted``) and moved by the share a placement takes (``used_after``), else 0;
+        # read as one int instead of unpacking the demand.
         self._moving: list[int] = []
         # Per demand's number where it is not a one-GPU share: the least free memory a GPU needs for its offer to the
         # demand to count it (its share), or -1 where its offer counts untouched GPUs only (exclusive); else 0.
@@ -180,9 +180,6 @@ class DemandSides:
         self._accepts: dict[str, tuple[bool, ...]] = {}
         # Per set of pools: how many demands its side covers (the first so many numbers), and the side.
         self._sides: OrderedDict[tuple[Pool, ...], tuple[int, GPUSide]] = OrderedDict()
-        # The origin of the pools after of the placements weighed (``used_after``), for a side of those pools read
-        # later (a pod bound there: its side is moved from the origin's, not worked out afresh).
-        self._origins: OrderedDict[tuple[Pool, ...], Origin] = OrderedDict()
         self._numbers_held = 0  # the length of every entry's side, summed
         # Each number the sides hold, as one object however many sides hold it: a million numbers over 9,000 sides
         # took 863 distinct values (gpuspec20's pods with their CPU spread, 10,000 on 5,000 of openb's nodes), and an
@@ -242,14 +239,7 @@ class DemandSides:
         # A side worked out before some demand was numbered is extended by those numbered since.
         covered, (idle, hosted) = found if found is not None else (0, (sum(sum(frees) for _, frees, _ in pools), ()))
         numbered = len(self._demands)
-        # A placement's pools after, weighed (``used_after``) and now read for themselves (a pod bound there): moved
-        # from the side before while the store holds it, not worked out afresh.
-        origin = self._origins.get(pools) if found is None else None
-        source = None if origin is None else self._sides.get(origin[0])
-        if origin is not None and source is not None:
-            new = self._moved(pools, source, origin[1], numbered)
-        else:
-            new = self._hosted(pools, range(covered, numbered))
+        new = self._hosted(pools, range(covered, numbered))
         side = (idle, hosted + cast(tuple[int, ...], tuple(new)))
         sides = self._sides
         # An extended entry replaces the one it was worked out from, as the one read last. (Another thread's filter
@@ -280,67 +270,22 @@ class DemandSides:
             found = self._accepts[model] = tuple(rule.accepts(model) for _, _, _, rule in self._demands[:numbered])
         return found
 
-    def _moved(self, pools: tuple[Pool, ...], source: tuple[int, GPUSide], taking: Taking, numbered: int
-               ) -> list[object]:
-        """``_hosted`` for all demands numbered, of pools made from those of ``source`` (the origin's entry) by
-        ``taking``: each of the origin's demands moved by what that one GPU no longer offers it.
-
-        Memory taken never lets a copy fit that did not, so only the demands the origin hosts, and those numbered
-        since its side was worked out, can be hosted. A one-GPU share uses the GPUs' memory one by one, so its
-        usable memory and copies move by that GPU's alone; the others (several GPUs, whole GPUs, no memory) are
-        worked out afresh. With every sharing pod its own share, each placement's pools after are met once: this
-        is most of the sides a filter works out.
-        """
-        model, free, taken, _ = taking
-        left = free - taken
-        origin_covered, (_, origin_hosted) = source
-        kept = cast(tuple[object, ...], origin_hosted)  # the origin's numbers as the objects it holds
-        accepts = self._accepted(model, numbered)
-        moving = self._moving
-        values = self._values
-        # Filled in place and cut to length: appended to, the list grew by reallocation a dozen times a side.
-        hosted: list[object] = [None] * len(origin_hosted)
-        at = 0
-        afresh: list[int] = []
-        for j in range(0, len(origin_hosted), 4):
-            i = origin_hosted[j]
-            per_gpu = moving[i]
-            if per_gpu == 0:
-                afresh.append(i)
-                continue
-            if not accepts[i] or per_gpu > free:  # the GPU offered it nothing, and offers nothing now
-                hosted[at] = kept[j]
-                hosted[at + 1] = kept[j + 1]
-                hosted[at + 2] = kept[j + 2]
-                hosted[at + 3] = kept[j + 3]
-                at += 4
-                continue
-            copies = origin_hosted[j + 2] - free // per_gpu + left // per_gpu
-            if copies <= 0:
-                continue
-            usable = origin_hosted[j + 1] - free + (left if left >= per_gpu else 0)
-            boxed_usable: object = usable
-            boxed_copies: object = copies
-            hosted[at] = kept[j]
-            hosted[at + 1] = values.setdefault(boxed_usable, boxed_usable)
-            hosted[at + 2] = values.setdefault(boxed_copies, boxed_copies)
-            hosted[at + 3] = kept[j + 3]
-            at += 4
-        del hosted[at:]
-        afresh.extend(range(origin_covered, numbered))
-        hosted.extend(self._hosted(pools, afresh))
-        return hosted
-
     def used_after(self, pools: tuple[Pool, ...], origin: Origin, covering: int, measure: FragmentationMeasure,
                    cpu: int, second: FragmentationMeasure | None = None, second_cpu: int = 0) -> tuple[int, int, int]:
         """The idle memory of a placement's pools after (``pools``, made from ``origin``), and what ``measure``'s target
         could use of it on a node whose free CPU has ``cpu`` as its key (``FragmentationMeasure.used``), summed over the
-        origin's side (covering at least the first ``covering`` demands) as the share taken moves it (see ``_moved``);
-        the same for ``second`` (0 without), in the same pass.
+        origin's side (covering at least the first ``covering`` demands) as the share taken moves it; the same for
+        ``second`` (0 without), in the same pass.
+
+        Memory taken never lets a copy fit that did not, so only the demands the side before lists can be hosted after.
+        A one-GPU share uses the GPUs' memory one by one, so its usable memory and copies move by that GPU's alone; the
+        other demands that GPU counted (several GPUs, or whole ones where it was untouched) are worked out afresh.
 
         The side after is not worked out: a placement weighed is rarely the one bound (with every sharing pod its own
         share, never exactly), and each side worked out boxed and kept its numbers, stored and later freed a tuple of
-        hundreds, and left it to the collector. With every pod its own share, that was a fifth of a filter's time.
+        hundreds, and left it to the collector. With every pod its own share, that was a fifth of a filter's time. A
+        pod bound there has its side worked out afresh when it is read: moving it from the side before instead made
+        no difference to the published traces, whose placements recur (round 47, docs/throughput-history.md).
         """
         before, (model, free, taken, whole) = origin
         _, (idle, hosted) = self._entry(before, covering)
@@ -373,9 +318,6 @@ class DemandSides:
             used += measure.used(cpu, listed)
             if second is not None:
                 used_second += second.used(second_cpu, listed)
-        origins = self._origins
-        origins[pools] = origin
-        _bounded(origins, GPU_SIDES_LIMIT)
         return idle - taken, used, used_second
 
     def _hosted(self, pools: tuple[Pool, ...], demands: Sequence[int]) -> list[object]:
