@@ -13,7 +13,7 @@ from extender.gang import Gangs
 from extender.placement import PolicyBook, RequestCache
 from extender.wire import ExtenderArgs, check_node_names, filter_result
 from gpushare.cache.fitindex import FilterOutcome, shape_key
-from gpushare.cache.state import Carry, ClusterCache
+from gpushare.cache.state import Carry, ClusterCache, CpuBracket
 from gpushare.contract import PodRequest
 from gpushare.model import Node
 from gpushare.policies import Policy, best_states, extender_scores
@@ -96,9 +96,9 @@ class Verbs:
             scoring = self._scoring(policy, request, max_reads, all_fit=True)
             if scoring is None:
                 return None
-            key, score, carry = scoring
+            key, score, carry, bracket = scoring
             evaluated = self.cache.evaluate_states(passed, key, score, max_reads, outcome.passed_states, carry,
-                                                   outcome.passed_firsts)
+                                                   outcome.passed_firsts, bracket, best_only=True)
             if evaluated is None:
                 return None
             states, scores = evaluated
@@ -165,8 +165,8 @@ class Verbs:
         scoring = self._scoring(policy, wanted, max_reads)
         if scoring is None:
             return None
-        key, score, carry = scoring
-        scores = self.cache.evaluate_memoised(names, key, score, max_reads, carry=carry)
+        key, score, carry, bracket = scoring
+        scores = self.cache.evaluate_memoised(names, key, score, max_reads, carry=carry, bracket=bracket)
         if scores is None:
             return None
         named = dict(zip(names, scores, strict=True))
@@ -181,10 +181,11 @@ class Verbs:
         return ranked
 
     def _scoring(self, policy: Policy, wanted: PodRequest, max_reads: int | None, all_fit: bool = False
-                 ) -> tuple[Hashable, Callable[[Node], float | None], Carry | None] | None:
+                 ) -> tuple[Hashable, Callable[[Node], float | None], Carry | None, CpuBracket] | None:
         """The key under which the cache remembers the nodes' raw scores with ``policy`` (the pod's), the score of
-        one node (``None`` where the pod does not fit), and how scores carry over from the policy's earlier
-        versions (for a policy that reprices), once the policy has seen what changed in the cluster; with
+        one node (``None`` where the pod does not fit), how scores carry over from the policy's earlier versions
+        (for a policy that reprices) and from requests that differ only in CPU, once the policy has seen what
+        changed in the cluster; with
         ``max_reads``, ``None`` instead when more nodes than that changed and must be copied for the policy to
         follow. ``all_fit``: the pod fits every node to be scored (a filter just said so)."""
         if follows_inventory(policy):
@@ -205,6 +206,10 @@ class Verbs:
             return None if candidate is None or not math.isfinite(candidate.score) else candidate.score
 
         # A node's score changes only with its state, the pod's shape and what the policy has learned.
-        family, version = (policy.name, shape_key(wanted)), policy_version(policy)
+        shape = shape_key(wanted)
+        family, version = (policy.name, shape), policy_version(policy)
         carry = Carry(family, version, policy.unchanged_since) if reprices(policy) else None
-        return (family, version), score, carry
+        # Pods that each ask for a CPU of their own (teams pick their own) would otherwise have every node state
+        # scored afresh for each: a score never rises with the CPU asked (``Policy.evaluate``).
+        bracket = CpuBracket(((policy_name, shape[:-1]), version), wanted.cpu_milli)
+        return (family, version), score, carry, bracket

@@ -286,6 +286,35 @@ def test_where_a_pod_fits_its_memory_request_changes_no_score(frees: list[int], 
     assert policy.evaluate(host, request) == policy.evaluate(host, replace(request, memory_mib=0))
 
 
+@settings(max_examples=300, deadline=None)
+@given(gpus=st.lists(st.tuples(st.sampled_from(["T4", "G2"]), st.integers(0, 1000)), min_size=1, max_size=8),
+       cores=st.sampled_from([0, 16000, 32000, 96000]), cpu_used=st.one_of(st.just(0), st.integers(0, 96000)),
+       units=st.sampled_from([100, 250, 333, 500, 1000]), count=st.integers(1, 3), exclusive=st.booleans(),
+       step=st.sampled_from([250, 1000, 1999]), name=st.sampled_from(policy_names()))
+def test_a_pod_that_asks_for_more_cpu_never_scores_higher(gpus: list[tuple[str, int]], cores: int, cpu_used: int,
+                                                          units: int, count: int, exclusive: bool, step: int,
+                                                          name: str) -> None:
+    """The cache answers a pod from the scores of pods that differ from it only in CPU (``Policy.evaluate``): a
+    policy's score must never rise with the CPU asked, with the target's CPU thresholds, the lookahead's copies fed
+    and fgd-scarcity's balance of cores all in play. Every ``step`` millicores up to all the node has free."""
+    host = Node("n", [GPU(i, model, 1000, used=1000 - free, holders=int(free < 1000))
+                      for i, (model, free) in enumerate(gpus)], cpu_milli=cores, cpu_used=min(cpu_used, cores))
+    learned = workload((Shape(1, 500, 4000), 3.0), (Shape(1, 250, 1000), 2.0), (Shape(2, 1000, 16000), 1.0),
+                       (Shape(1, 1000, 30000, models=ModelRule(("G2",))), 0.5), (Shape(0, 0, 8000), 1.0))
+    policy = make_policy(name, learned)
+    if follows_inventory(policy):
+        policy.observe_inventory({"T4": 8000, "G2": 4000})
+    if follows_cluster(policy):
+        policy.observe_nodes([host, Node("spare", [GPU(0, "G2", 1000), GPU(1, "G2", 1000)], cpu_milli=8000)])
+    scores = []
+    for cpu in range(0, (cores - host.cpu_used if cores else 64000) + step, step):
+        request = PodRequest(per_gpu=units, gpu_count=count, exclusive=exclusive, cpu_milli=cpu)
+        candidate = policy.evaluate(host, request)
+        if candidate is not None:
+            scores.append(candidate.score)
+    assert scores == sorted(scores, reverse=True)
+
+
 @pytest.mark.parametrize("name", ["fgd", "fgd-lookahead", "fgd-scarcity"])
 def test_fgd_weighs_a_share_by_its_class_on_the_gpus_its_exact_share_fits(name: str) -> None:
     """Shares of one class (two significant digits, as the target keeps them) meet the same states after each

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -316,6 +317,39 @@ def _carried_answers_hold(order: list[tuple[int, int, int]]) -> int:
             node.place(f"pod-{step}", PodRequest(per_gpu=units, gpu_count=1, cpu_milli=cpu), free[:1])
             policy.observe_nodes([node])
     return carried
+
+
+@settings(max_examples=40, deadline=None)
+@given(order=st.lists(st.tuples(st.integers(0, 11), st.sampled_from([100, 300, 500, 1000]),
+                                st.integers(0, 40000)), min_size=0, max_size=30),
+       shares=st.lists(st.integers(0, 1000), min_size=2, max_size=10), reserved=st.booleans())
+def test_with_prices_and_reserves_a_pod_that_asks_for_more_cpu_never_scores_higher(
+        order: list[tuple[int, int, int]], shares: list[int], reserved: bool) -> None:
+    """fgd-scarcity's displacements (a model's charge, a reserve's copies lost, the cores a node's idle GPUs are
+    left) grow with the CPU a pod takes, so its score never rises with it (``Policy.evaluate``), on a cluster whose
+    models are priced or whose large nodes are kept for a rare shape; the CPU asked is each of ``shares``
+    (thousandths) of what a node has free."""
+    nodes, workload = _priced_cluster()
+    if reserved:  # as in test_the_last_nodes_a_large_shape_fits_are_kept_for_it_while_it_is_expected
+        nodes, workload = reserve_cluster()[:12], WorkloadDistribution(coverage=1.0)
+        workload.seed({Shape(8, 1000, 120000): 1.0, Shape(1, 1000, 12000): 199.0}, observations=100)
+    policy = ScarcityLookahead(workload)
+    policy.observe_inventory(gpu_capacity(nodes))
+    for i, (index, units, cpu) in enumerate(order):
+        node = nodes[index]
+        free = [g.index for g in node.gpus if g.free >= units]
+        if free and node.cpu_milli - node.cpu_used >= cpu:
+            node.place(f"pod-{i}", PodRequest(per_gpu=units, gpu_count=1, cpu_milli=cpu), free[:1])
+    policy.observe_nodes(nodes)
+    for shape in (PodRequest(per_gpu=500, gpu_count=1), PodRequest(per_gpu=1000, gpu_count=2),
+                  PodRequest(per_gpu=300, gpu_count=1, models=T4_ONLY), PodRequest(per_gpu=1000, gpu_count=8),
+                  PodRequest(per_gpu=0, gpu_count=0)):
+        for node in nodes:
+            scores = [c.score for c in (policy.evaluate(node, replace(shape, cpu_milli=cpu))
+                                        for cpu in sorted({(node.cpu_milli - node.cpu_used) * share // 1000
+                                                           for share in shares}))
+                      if c is not None]
+            assert scores == sorted(scores, reverse=True), (node.name, shape)
 
 
 @settings(max_examples=30, deadline=None)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kubernetes import client
 from prometheus_client import CollectorRegistry
-from test_cache import node_info
+from test_cache import gpu_pod, node_info
 from test_extender_harness import pod_body
 
 from extender.app import INLINE_SCORE_READS
@@ -20,13 +23,15 @@ from gpushare.cache.state import ClusterCache
 from gpushare.contract import ANN_GPU_MODEL, parse_request
 from gpushare.kube.api import PodGroups
 from gpushare.model import Node
+from gpushare.policies import choose_node, policy_names
 from gpushare.policies.workload import Shape
 
 NODES = [f"node-{i:02d}" for i in range(20)]
 
 
-def verbs_over(cache: ClusterCache, policy: str) -> tuple[Verbs, PolicyBook]:
-    book = PolicyBook(policy)
+def verbs_over(cache: ClusterCache, policy: str, workload: dict[Shape, float] | None = None
+               ) -> tuple[Verbs, PolicyBook]:
+    book = PolicyBook(policy, workload)
     requests = RequestCache()
     # No pod here names a gang, so the PodGroups are never read.
     gangs = Gangs(cache, GangIndex(), requests, book, PodGroups(client.ApiClient()), lambda *_: None,
@@ -105,3 +110,43 @@ def test_every_pod_kube_scheduler_asks_about_is_learned_though_its_window_holds_
         answer = verbs.filter(args)
         assert answer["NodeNames"] == [] and sorted(answer["FailedAndUnresolvableNodes"]) == others
         assert Shape.of(parse_request(args.pod)) in book.workload.histogram()
+
+
+@settings(max_examples=40, deadline=None)
+@given(cores=st.lists(st.sampled_from(["4", "8", "16", "32"]), min_size=8, max_size=8),
+       bound=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 1), st.integers(1, 12),
+                                st.sampled_from(["0", "2", "6"])), max_size=12),
+       pods=st.lists(st.tuples(st.sampled_from([2, 4, 4, 4, 12]), st.integers(0, 24), st.booleans()), min_size=2,
+                     max_size=30),
+       policy=st.sampled_from(policy_names()))
+def test_filters_that_answer_from_other_cpu_requests_choose_the_node_fresh_scores_choose(
+        cores: list[str], bound: list[tuple[int, int, int, str]], pods: list[tuple[int, int, bool]],
+        policy: str) -> None:
+    """Pods that differ only in the CPU they ask for meet node states the filter already scored for another CPU
+    request: it answers from those scores where they settle the score (``CpuBracket``) and leaves out states that
+    cannot reach the best score known. Its choice must be the one the policy makes scoring every node afresh."""
+    cache = ClusterCache()
+    names = [f"node-{i}" for i in range(len(cores))]
+    cache.replace_nodes([node_info(name, [16384, 16384], cpu=count) for name, count in zip(names, cores, strict=True)])
+    for i, (index, gpu, units, cpu) in enumerate(bound):
+        cache.upsert_pod(gpu_pod(f"bound-{i}", units, node=names[index], gpus=(gpu,), phase="Running", cpu=cpu))
+    # A learned workload that a few more pods do not move: the scores of one shape stay comparable across pods.
+    verbs, book = verbs_over(cache, policy, {Shape(1, 4, 2000): 3.0, Shape(1, 12, 8000): 1.0, Shape(2, 16, 16000): 0.5})
+    for i, (units, halves, place) in enumerate(pods):
+        body: dict[str, Any] = pod_body(f"pod-{i}", gpu_mem=units, cpu=f"{halves * 500}m")
+        body["metadata"] |= {"uid": f"uid-{i}", "resourceVersion": "1"}
+        args = parse_extender_args(orjson.dumps({"Pod": body, "NodeNames": names}))
+        chosen = verbs.filter(args)["NodeNames"]
+        request = cache.resolve(parse_request(args.pod))
+        fresh = choose_node(cache.snapshot(names), replace(request, memory_mib=0), book.for_request(request),
+                            cache.tie_seed)
+        assert chosen == ([] if fresh is None else [fresh[0].name]), (i, request.cpu_milli)
+        if place and chosen:
+            pod_policy = book.for_request(request)
+
+            def gpus(node: Node) -> tuple[int, ...] | None:
+                candidate = book.evaluate(pod_policy, node, request)  # noqa: B023 (called at once, in this pass)
+                return None if candidate is None else candidate.gpus
+
+            cache.reserve(chosen[0], args.pod.key, args.pod.uid, request, gpus)
+            verbs.catch_up()

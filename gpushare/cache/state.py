@@ -80,6 +80,10 @@ MAX_CHANGES = 100_000
 # Distinct failure reasons kept as one object each, for the reason tables to share (forgotten whole when full: only
 # the sharing is lost). A reason depends on the pod's share and count and the node's GPUs, so a few hundred recur.
 MAX_SHARED_REASONS = 16_384
+# ``CpuBracket``: how many answer tables of the nearest CPU requests on each side are looked into for a node state's
+# score, and how many tables of one key without CPU the index keeps (beyond it, those of shapes evicted go).
+BRACKET_PROBES = 8
+BRACKET_TABLES = 256
 
 T = TypeVar("T")
 _UNKNOWN = object()
@@ -94,6 +98,28 @@ class Carry:
     version: int
     unchanged_since: Callable[[int, Node], bool]
     """Whether an answer for the node's state at the given earlier version still holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class CpuBracket:
+    """Where a score may come from the scores of requests that differ from the pod's only in CPU: a policy never
+    scores a node higher for more CPU asked (``Policy.evaluate``), so a node state that got the same score for two
+    CPU requests gets it for every request between them, and it is not scored afresh for those."""
+
+    key: Hashable
+    """The answers' key with the pod's CPU request left out (the policy, the rest of the shape, the version)."""
+    cpu: int
+    """The pod's CPU request, millicores."""
+
+
+def _bracket(tables: Sequence[dict[int, Any] | None], state: int) -> Any:
+    """The first score ``tables`` hold for ``state`` (nearest CPU request first), ``_UNKNOWN`` if none."""
+    for table in tables:
+        if table is not None:
+            score = table.get(state)
+            if score is not None:
+                return score
+    return _UNKNOWN
 
 
 class ReservationError(Exception):
@@ -161,6 +187,9 @@ class ClusterCache:
         self._ranked: dict[int, list[str]] = {}
         # key -> node state id -> answer.
         self._answer_tables: dict[Hashable, dict[int, Any]] = {}
+        # CpuBracket.key -> the CPU requests with an answer table under it, ascending, and those tables' keys:
+        # replaced whole under the index lock, so that a reader without it sees one consistent pair.
+        self._by_cpu: dict[Hashable, tuple[tuple[int, ...], tuple[Hashable, ...]]] = {}
         # Answers that may carry over between versions (``Carry``): per family, the version and key asked for last;
         # per key, the version and key of its family asked for before it.
         self._newest: dict[Hashable, tuple[int, Hashable]] = {}
@@ -420,10 +449,10 @@ class ClusterCache:
 
     def evaluate_memoised(self, names: Sequence[str], key: Hashable, read: Callable[[Node], T],
                           max_reads: int | None = None, states: list[int | None] | None = None,
-                          carry: Carry | None = None) -> list[T | None] | None:
+                          carry: Carry | None = None, bracket: CpuBracket | None = None) -> list[T | None] | None:
         """``read`` of each of ``names`` (``None`` for unknown nodes), in their order: ``evaluate_states`` spelt out
         per name (prioritize answers for every name)."""
-        evaluated = self.evaluate_states(names, key, read, max_reads, states, carry)
+        evaluated = self.evaluate_states(names, key, read, max_reads, states, carry, bracket=bracket)
         if evaluated is None:
             return None
         states, answers = evaluated
@@ -431,7 +460,8 @@ class ClusterCache:
 
     def evaluate_states(self, names: Sequence[str], key: Hashable, read: Callable[[Node], T],
                         max_reads: int | None = None, states: list[int | None] | None = None,
-                        carry: Carry | None = None, firsts: Mapping[int | None, str] | None = None
+                        carry: Carry | None = None, firsts: Mapping[int | None, str] | None = None,
+                        bracket: CpuBracket | None = None, best_only: bool = False
                         ) -> tuple[list[int | None], dict[int | None, T | None]] | None:
         """The state id of each of ``names`` (``None`` for unknown nodes) and ``read``'s answer for each of those
         states, remembered under ``key`` for the state (``state_signature``): every node in that state shares it,
@@ -449,7 +479,10 @@ class ClusterCache:
         with the first of the names in each (``FilterOutcome.passed_firsts``), so that the names are not paired with
         their states again. With ``carry``, a state without an answer under ``key`` takes the one it had under the
         family's key asked for before, where ``carry.unchanged_since`` says it still holds: not a read, so not
-        counted against ``max_reads``.
+        counted against ``max_reads``. With ``bracket``, nor is a score that the state's scores for the nearest
+        other CPU requests settle (``CpuBracket``); with ``best_only`` too (answers that are scores, and only the
+        states of the highest score wanted: filter's favourite), a state whose score cannot reach one known gets
+        ``None``, unread.
         """
         table = self._answer_table(key)
         if states is None:
@@ -479,11 +512,78 @@ class ClusterCache:
                             continue
                     still.append(state)
                 missing = still
+            ceilings: dict[int, Any] = {}
+            if bracket is not None and missing:
+                below, above = self._bracketing(bracket, key)
+                if below or above:
+                    still = []
+                    for state in missing:
+                        ceiling = _bracket(below, state)
+                        if ceiling is not _UNKNOWN and ceiling == _bracket(above, state):
+                            answers[state] = ceiling
+                            self._remember(table, state, ceiling)
+                            continue
+                        still.append(state)
+                        if best_only and ceiling is not _UNKNOWN:
+                            ceilings[state] = ceiling
+                    missing = still
             if max_reads is not None and len(missing) > max_reads:
                 return None
-            for state in missing:
-                answers[state] = self._answer(first[state], table, read)
+            if ceilings:
+                self._read_best(missing, ceilings, answers, first, table, read)
+            else:
+                for state in missing:
+                    answers[state] = self._answer(first[state], table, read)
         return states, answers
+
+    def _bracketing(self, bracket: CpuBracket, key: Hashable
+                    ) -> tuple[list[dict[int, Any] | None], list[dict[int, Any] | None]]:
+        """The answer tables of the ``BRACKET_PROBES`` CPU requests nearest below ``bracket.cpu`` and above it under
+        ``bracket.key``, nearest first; the table of ``key`` (this request's) joins the index if new."""
+        cpu = bracket.cpu
+        cpus, keys = self._by_cpu.get(bracket.key, ((), ()))
+        i = bisect_left(cpus, cpu)
+        if i == len(cpus) or cpus[i] != cpu:
+            with self._index_lock:
+                cpus, keys = self._by_cpu.get(bracket.key, ((), ()))
+                i = bisect_left(cpus, cpu)
+                if i == len(cpus) or cpus[i] != cpu:
+                    cpus, keys = (*cpus[:i], cpu, *cpus[i:]), (*keys[:i], key, *keys[i:])
+                    if len(cpus) > BRACKET_TABLES:
+                        # The tables evicted since go; if none was, the smallest request's (the largest's, if that
+                        # is this one).
+                        kept = [(c, k) for c, k in zip(cpus, keys, strict=True) if k in self._answer_tables]
+                        if len(kept) > BRACKET_TABLES:
+                            del kept[0 if kept[0][1] != key else -1]
+                        cpus, keys = tuple(c for c, _ in kept), tuple(k for _, k in kept)
+                        i = bisect_left(cpus, cpu)
+                    if len(self._by_cpu) >= 2 * MAX_ANSWER_TABLES and bracket.key not in self._by_cpu:
+                        # Keys whose tables are all gone (earlier versions, shapes no longer asked) go, and the
+                        # oldest past the bound: the index never holds more keys than twice the tables kept.
+                        tables = self._answer_tables
+                        live = [(k, v) for k, v in self._by_cpu.items() if any(map(tables.__contains__, v[1]))]
+                        self._by_cpu = dict(live[-MAX_ANSWER_TABLES:])
+                    self._by_cpu[bracket.key] = (cpus, keys)
+        tables = self._answer_tables
+        below = [tables.get(k) for k in keys[max(0, i - BRACKET_PROBES):i][::-1]]
+        above = [tables.get(k) for k in keys[i + 1:i + 1 + BRACKET_PROBES]]
+        return below, above
+
+    def _read_best(self, missing: list[int], ceilings: dict[int, Any], answers: dict[int | None, Any],
+                   first: Mapping[int | None, str], table: dict[int, Any], read: Callable[[Node], Any]) -> None:
+        """``read`` the ``missing`` states that may score the highest of ``answers``, into ``answers``; a state whose
+        ceiling (its score for a smaller CPU request, ``CpuBracket``) is below a score known gets ``None`` unread."""
+        highest = max((a for a in answers.values() if a is not None and a is not _UNKNOWN), default=None)
+        # States without a ceiling first, then the highest ceilings: each read may raise the highest known.
+        missing.sort(key=lambda state: (state in ceilings, -ceilings.get(state, 0.0)))
+        for state in missing:
+            ceiling = ceilings.get(state)
+            if ceiling is not None and highest is not None and ceiling < highest:
+                answers[state] = None
+                continue
+            answer = answers[state] = self._answer(first[state], table, read)
+            if answer is not None and (highest is None or answer > highest):
+                highest = answer
 
     def _prior_table(self, key: Hashable, carry: Carry) -> tuple[int, dict[int, Any]] | None:
         """The version and answer table of ``carry.family``'s key asked for before ``key``, if it is still kept."""

@@ -38,7 +38,10 @@ class Policy(Protocol):
         ``None`` exactly when ``node.fits(request)`` is false: whether a pod fits is a fact of the node and the
         request, never of what the policy has learned, so callers may keep it across ``version`` changes. The
         request's memory is read only for that (``Node.fits_host_resources``): where the pod fits, its score and
-        GPUs are those of the same request without memory, so callers may share them between such requests."""
+        GPUs are those of the same request without memory, so callers may share them between such requests. Nor
+        does the score rise with the request's CPU, the rest alike (more CPU taken leaves a node less for what comes
+        next): where two CPU requests score the same, every request between them scores that, and none below the
+        smaller scores less, so callers may answer those without evaluating (``CpuBracket``)."""
         ...
 
     def observe(self, request: PodRequest) -> None:
