@@ -12,7 +12,15 @@ from hypothesis import strategies as st
 
 from extender.inspect import inspect_nodes
 from gpushare.cache.fitindex import read_window, sort_window
-from gpushare.cache.state import MAX_ANSWER_TABLES, MAX_GPU_NUMBERS, Carry, ClusterCache, ReservationError
+from gpushare.cache.state import (
+    BRACKET_TABLES,
+    MAX_ANSWER_TABLES,
+    MAX_GPU_NUMBERS,
+    Carry,
+    ClusterCache,
+    CpuBracket,
+    ReservationError,
+)
 from gpushare.contract import (
     ANN_NODE_INVENTORY,
     RESOURCE_GPU_COUNT,
@@ -535,6 +543,35 @@ def test_memoised_answers_stay_right_for_more_keys_than_the_cache_keeps_tables()
     # tables are gone.
     for key in reversed(range(2 * MAX_ANSWER_TABLES)):
         assert cache.evaluate_memoised(["n2", "n1"], key, free) == [8, 12]
+
+
+def test_scores_settled_from_other_cpu_requests_stay_right_past_what_the_index_keeps() -> None:
+    """A score that never rises with the CPU asked, for many more CPU requests of one shape than the index of
+    their answer tables keeps (``BRACKET_TABLES``), in no order: the index is pruned and every answer, settled from
+    the nearest requests' tables or read, is the score itself (a table paired with the wrong request, or one past
+    the nearest, would settle some wrongly)."""
+    cache = ClusterCache()
+    names = [f"n{cores}" for cores in (4, 6, 8, 12, 16, 24, 32)]
+    for name in names:
+        cache.upsert_node(node_info(name, [16384], cpu=name[1:]))
+    settled = 0
+    for i in range(3 * BRACKET_TABLES):
+        cpu = 1 + (i * 7919) % 12_000
+
+        def score(node: Node, cpu: int = cpu) -> float:
+            # Steps of an eighth of the node's CPU: equal for nearby requests, lower for more.
+            return -float(cpu // (node.cpu_milli // 8))
+
+        read: list[str] = []
+
+        def counted(node: Node, score: Callable[[Node], float] = score, read: list[str] = read) -> float:
+            read.append(node.name)
+            return score(node)
+
+        answers = cache.evaluate_memoised(names, ("shape", cpu), counted, bracket=CpuBracket("shape", cpu))
+        assert answers == [cache.evaluate(names, score)[name] for name in names], cpu
+        settled += len(names) - len(read)
+    assert settled > len(names) * BRACKET_TABLES  # most answers came from the bracket
 
 
 def test_a_frequent_shape_keeps_its_fit_and_score_tables_among_more_shapes_than_the_bounds() -> None:

@@ -81,7 +81,7 @@ MAX_CHANGES = 100_000
 # the sharing is lost). A reason depends on the pod's share and count and the node's GPUs, so a few hundred recur.
 MAX_SHARED_REASONS = 16_384
 # ``CpuBracket``: how many answer tables of the nearest CPU requests on each side are looked into for a node state's
-# score, and how many tables of one key without CPU the index keeps (beyond it, those of shapes evicted go).
+# score, and how many tables of one key without CPU the index keeps when pruned (twice as many make it prune).
 BRACKET_PROBES = 8
 BRACKET_TABLES = 256
 
@@ -112,14 +112,26 @@ class CpuBracket:
     """The pod's CPU request, millicores."""
 
 
-def _bracket(tables: Sequence[dict[int, Any] | None], state: int) -> Any:
+def _bracket(tables: Sequence[dict[int, Any]], state: int) -> Any:
     """The first score ``tables`` hold for ``state`` (nearest CPU request first), ``_UNKNOWN`` if none."""
     for table in tables:
-        if table is not None:
-            score = table.get(state)
-            if score is not None:
-                return score
+        score = table.get(state)
+        if score is not None:
+            return score
     return _UNKNOWN
+
+
+def _live(tables: Mapping[Hashable, dict[int, Any]], keys: Sequence[Hashable], order: range) -> list[dict[int, Any]]:
+    """The answer tables still kept of ``keys``, in ``order``, at most ``BRACKET_PROBES`` of them: the index keeps
+    the keys of tables evicted until it is pruned, and those are passed over."""
+    found: list[dict[int, Any]] = []
+    for n in order:
+        table = tables.get(keys[n])
+        if table is not None:
+            found.append(table)
+            if len(found) == BRACKET_PROBES:
+                break
+    return found
 
 
 class ReservationError(Exception):
@@ -537,7 +549,7 @@ class ClusterCache:
         return states, answers
 
     def _bracketing(self, bracket: CpuBracket, key: Hashable
-                    ) -> tuple[list[dict[int, Any] | None], list[dict[int, Any] | None]]:
+                    ) -> tuple[list[dict[int, Any]], list[dict[int, Any]]]:
         """The answer tables of the ``BRACKET_PROBES`` CPU requests nearest below ``bracket.cpu`` and above it under
         ``bracket.key``, nearest first; the table of ``key`` (this request's) joins the index if new."""
         cpu = bracket.cpu
@@ -549,13 +561,19 @@ class ClusterCache:
                 i = bisect_left(cpus, cpu)
                 if i == len(cpus) or cpus[i] != cpu:
                     cpus, keys = (*cpus[:i], cpu, *cpus[i:]), (*keys[:i], key, *keys[i:])
-                    if len(cpus) > BRACKET_TABLES:
-                        # The tables evicted since go; if none was, the smallest request's (the largest's, if that
-                        # is this one).
-                        kept = [(c, k) for c, k in zip(cpus, keys, strict=True) if k in self._answer_tables]
-                        if len(kept) > BRACKET_TABLES:
-                            del kept[0 if kept[0][1] != key else -1]
-                        cpus, keys = tuple(c for c, _ in kept), tuple(k for _, k in kept)
+                    if len(cpus) > 2 * BRACKET_TABLES:
+                        # Pruned in bulk, not per request: with every pod its own CPU each filter adds a request, and
+                        # walking the whole index each time cost more than the scores it saved. The tables evicted
+                        # since go, then the smallest requests' (never this one's) down to the bound.
+                        tables = self._answer_tables
+                        kept = [(c, k) for c, k in zip(cpus, keys, strict=True) if k in tables]
+                        excess = len(kept) - BRACKET_TABLES
+                        if excess > 0:
+                            kept = [entry for n, entry in enumerate(kept) if n >= excess or entry[1] == key]
+                            if len(kept) > BRACKET_TABLES:  # this one was among the smallest: it leads
+                                del kept[1]
+                        cpus = tuple(c for c, _ in kept)
+                        keys = tuple(k for _, k in kept)
                         i = bisect_left(cpus, cpu)
                     if len(self._by_cpu) >= 2 * MAX_ANSWER_TABLES and bracket.key not in self._by_cpu:
                         # Keys whose tables are all gone (earlier versions, shapes no longer asked) go, and the
@@ -565,9 +583,7 @@ class ClusterCache:
                         self._by_cpu = dict(live[-MAX_ANSWER_TABLES:])
                     self._by_cpu[bracket.key] = (cpus, keys)
         tables = self._answer_tables
-        below = [tables.get(k) for k in keys[max(0, i - BRACKET_PROBES):i][::-1]]
-        above = [tables.get(k) for k in keys[i + 1:i + 1 + BRACKET_PROBES]]
-        return below, above
+        return _live(tables, keys, range(i - 1, -1, -1)), _live(tables, keys, range(i + 1, len(keys)))
 
     def _read_best(self, missing: list[int], ceilings: dict[int, Any], answers: dict[int | None, Any],
                    first: Mapping[int | None, str], table: dict[int, Any], read: Callable[[Node], Any]) -> None:
