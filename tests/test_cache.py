@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from extender.inspect import inspect_nodes
 from gpushare.cache.fitindex import read_window, sort_window
 from gpushare.cache.state import (
+    BRACKET_SWEEP_EVERY,
     BRACKET_TABLES,
     MAX_ANSWER_TABLES,
     MAX_GPU_NUMBERS,
@@ -572,6 +573,25 @@ def test_scores_settled_from_other_cpu_requests_stay_right_past_what_the_index_k
         assert answers == [cache.evaluate(names, score)[name] for name in names], cpu
         settled += len(names) - len(read)
     assert settled > len(names) * BRACKET_TABLES  # most answers came from the bracket
+
+
+def test_the_cpu_bracket_index_stays_bounded_as_versions_and_shapes_come_and_go() -> None:
+    """Keys without CPU come and go (each price a policy learns makes new ones), each with requests of several CPUs:
+    the index of answer tables by CPU request drops the entries of tables evicted and the keys left without any, so
+    it never holds more than ``BRACKET_SWEEP_EVERY`` entries beyond one per table kept, and answers stay right."""
+    cache = ClusterCache()
+    cache.upsert_node(node_info("n", [16384], cpu="8"))
+    largest = 0
+    for n in range(4 * BRACKET_SWEEP_EVERY):
+        version, cpu = n // 8, 1 + n % 8 * 1000
+
+        def score(node: Node, cpu: int = cpu) -> float:
+            return -float(cpu)
+
+        assert cache.evaluate_memoised(["n"], (version, cpu), score, bracket=CpuBracket(version, cpu)) == [-cpu]
+        if n % 64 == 63:
+            largest = max(largest, sum(len(cpus) for cpus, _ in cache._by_cpu.values()))
+    assert MAX_ANSWER_TABLES < largest <= MAX_ANSWER_TABLES + BRACKET_SWEEP_EVERY
 
 
 def test_a_frequent_shape_keeps_its_fit_and_score_tables_among_more_shapes_than_the_bounds() -> None:

@@ -81,9 +81,12 @@ MAX_CHANGES = 100_000
 # the sharing is lost). A reason depends on the pod's share and count and the node's GPUs, so a few hundred recur.
 MAX_SHARED_REASONS = 16_384
 # ``CpuBracket``: how many answer tables of the nearest CPU requests on each side are looked into for a node state's
-# score, and how many tables of one key without CPU the index keeps when pruned (twice as many make it prune).
+# score; how many tables of one key without CPU the index keeps when pruned (twice as many make it prune); and how
+# many requests the index takes in before the entries of every table evicted since go, with the keys left without
+# any: it never holds more entries than that beyond one per table kept.
 BRACKET_PROBES = 8
 BRACKET_TABLES = 256
+BRACKET_SWEEP_EVERY = 4 * MAX_ANSWER_TABLES
 
 T = TypeVar("T")
 _UNKNOWN = object()
@@ -132,6 +135,17 @@ def _live(tables: Mapping[Hashable, dict[int, Any]], keys: Sequence[Hashable], o
             if len(found) == BRACKET_PROBES:
                 break
     return found
+
+
+def _kept(cpus: Sequence[int], keys: Sequence[Hashable], tables: Mapping[Hashable, dict[int, Any]]
+          ) -> list[tuple[int, Hashable]]:
+    """The CPU bracket index's entries (CPU request, key) whose answer tables are still kept, ascending."""
+    return [(c, k) for c, k in zip(cpus, keys, strict=True) if k in tables]
+
+
+def _unzipped(entries: Sequence[tuple[int, Hashable]]) -> tuple[tuple[int, ...], tuple[Hashable, ...]]:
+    """The CPU bracket index's ``entries`` as it stores them: the requests, and the keys in the same order."""
+    return tuple(c for c, _ in entries), tuple(k for _, k in entries)
 
 
 class ReservationError(Exception):
@@ -202,6 +216,7 @@ class ClusterCache:
         # CpuBracket.key -> the CPU requests with an answer table under it, ascending, and those tables' keys:
         # replaced whole under the index lock, so that a reader without it sees one consistent pair.
         self._by_cpu: dict[Hashable, tuple[tuple[int, ...], tuple[Hashable, ...]]] = {}
+        self._by_cpu_added = 0  # requests the index took in since its last sweep (``BRACKET_SWEEP_EVERY``)
         # Answers that may carry over between versions (``Carry``): per family, the version and key asked for last;
         # per key, the version and key of its family asked for before it.
         self._newest: dict[Hashable, tuple[int, Hashable]] = {}
@@ -565,25 +580,36 @@ class ClusterCache:
                         # Pruned in bulk, not per request: with every pod its own CPU each filter adds a request, and
                         # walking the whole index each time cost more than the scores it saved. The tables evicted
                         # since go, then the smallest requests' (never this one's) down to the bound.
-                        tables = self._answer_tables
-                        kept = [(c, k) for c, k in zip(cpus, keys, strict=True) if k in tables]
+                        kept = _kept(cpus, keys, self._answer_tables)
                         excess = len(kept) - BRACKET_TABLES
                         if excess > 0:
                             kept = [entry for n, entry in enumerate(kept) if n >= excess or entry[1] == key]
                             if len(kept) > BRACKET_TABLES:  # this one was among the smallest: it leads
                                 del kept[1]
-                        cpus = tuple(c for c, _ in kept)
-                        keys = tuple(k for _, k in kept)
+                        cpus, keys = _unzipped(kept)
                         i = bisect_left(cpus, cpu)
-                    if len(self._by_cpu) >= 2 * MAX_ANSWER_TABLES and bracket.key not in self._by_cpu:
-                        # Keys whose tables are all gone (earlier versions, shapes no longer asked) go, and the
-                        # oldest past the bound: the index never holds more keys than twice the tables kept.
-                        tables = self._answer_tables
-                        live = [(k, v) for k, v in self._by_cpu.items() if any(map(tables.__contains__, v[1]))]
-                        self._by_cpu = dict(live[-MAX_ANSWER_TABLES:])
                     self._by_cpu[bracket.key] = (cpus, keys)
+                    self._by_cpu_added += 1
+                    if self._by_cpu_added > BRACKET_SWEEP_EVERY:
+                        # Earlier versions and shapes no longer asked leave entries whose tables are gone, under
+                        # keys no request asks again: swept together, so that they never add up.
+                        self._sweep_by_cpu()
+                        cpus, keys = self._by_cpu.get(bracket.key, ((), ()))
+                        i = bisect_left(cpus, cpu)
         tables = self._answer_tables
         return _live(tables, keys, range(i - 1, -1, -1)), _live(tables, keys, range(i + 1, len(keys)))
+
+    def _sweep_by_cpu(self) -> None:
+        """The CPU bracket's index without the entries of tables evicted, nor the keys left without any (under the
+        index lock)."""
+        tables = self._answer_tables
+        swept = {}
+        for name, (cpus, keys) in self._by_cpu.items():
+            kept = _kept(cpus, keys, tables)
+            if kept:
+                swept[name] = _unzipped(kept)
+        self._by_cpu = swept
+        self._by_cpu_added = 0
 
     def _read_best(self, missing: list[int], ceilings: dict[int, Any], answers: dict[int | None, Any],
                    first: Mapping[int | None, str], table: dict[int, Any], read: Callable[[Node], Any]) -> None:
