@@ -13,13 +13,14 @@ from extender.gang import Gangs
 from extender.placement import PolicyBook, RequestCache
 from extender.wire import ExtenderArgs, check_node_names, filter_result
 from gpushare.cache.fitindex import FilterOutcome, shape_key
-from gpushare.cache.state import Carry, ClusterCache, CpuBracket
+from gpushare.cache.state import Bracket, Carry, ClusterCache
 from gpushare.contract import PodRequest
 from gpushare.model import Node
 from gpushare.policies import Policy, best_states, extender_scores
 from gpushare.policies.base import (
     MAX_EXTENDER_SCORE,
     ClusterAware,
+    classes_shares,
     follows_cluster,
     follows_inventory,
     policy_version,
@@ -181,7 +182,7 @@ class Verbs:
         return ranked
 
     def _scoring(self, policy: Policy, wanted: PodRequest, max_reads: int | None, all_fit: bool = False
-                 ) -> tuple[Hashable, Callable[[Node], float | None], Carry | None, CpuBracket] | None:
+                 ) -> tuple[Hashable, Callable[[Node], float | None], Carry | None, Bracket] | None:
         """The key under which the cache remembers the nodes' raw scores with ``policy`` (the pod's), the score of
         one node (``None`` where the pod does not fit), how scores carry over from the policy's earlier versions
         (for a policy that reprices) and from requests that differ only in CPU, once the policy has seen what
@@ -211,5 +212,10 @@ class Verbs:
         carry = Carry(family, version, policy.unchanged_since) if reprices(policy) else None
         # Pods that each ask for a CPU of their own (teams pick their own) would otherwise have every node state
         # scored afresh for each: a score never rises with the CPU asked (``Policy.evaluate``).
-        bracket = CpuBracket(((policy_name, shape[:-1]), version), wanted.cpu_milli)
+        if classes_shares(policy) and wanted.gpu_count == 1 and not wanted.exclusive:
+            # And pods that each ask for a share of their own (memory in MiB) from those of the same class.
+            classed = (policy.share_class(wanted.per_gpu), *shape[1:-1])
+            bracket = Bracket(((policy_name, classed), version), wanted.cpu_milli, wanted.per_gpu)
+        else:
+            bracket = Bracket(((policy_name, shape[:-1]), version), wanted.cpu_milli, 0)
         return (family, version), score, carry, bracket

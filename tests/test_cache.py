@@ -17,9 +17,9 @@ from gpushare.cache.state import (
     BRACKET_TABLES,
     MAX_ANSWER_TABLES,
     MAX_GPU_NUMBERS,
+    Bracket,
     Carry,
     ClusterCache,
-    CpuBracket,
     ReservationError,
 )
 from gpushare.contract import (
@@ -569,10 +569,39 @@ def test_scores_settled_from_other_cpu_requests_stay_right_past_what_the_index_k
             read.append(node.name)
             return score(node)
 
-        answers = cache.evaluate_memoised(names, ("shape", cpu), counted, bracket=CpuBracket("shape", cpu))
+        answers = cache.evaluate_memoised(names, ("shape", cpu), counted, bracket=Bracket("shape", cpu, 0))
         assert answers == [cache.evaluate(names, score)[name] for name in names], cpu
         settled += len(names) - len(read)
     assert settled > len(names) * BRACKET_TABLES  # most answers came from the bracket
+
+
+def test_scores_settled_from_other_shares_of_a_class_and_cpu_requests_are_the_scores() -> None:
+    """A score that never rises with the CPU nor the share asked within a class (``ClassedShares``), for requests of
+    both in no order: every answer, settled from the tables of requests no larger in either and no smaller in either,
+    or read, is the score itself. A request larger in share and smaller in CPU than the pod's bounds nothing either
+    way: taken for a bound, it would settle some wrongly."""
+    cache = ClusterCache()
+    names = [f"n{cores}" for cores in (4, 6, 8, 12, 16, 24, 32)]
+    for name in names:
+        cache.upsert_node(node_info(name, [16384], cpu=name[1:]))
+    settled = 0
+    for i in range(2 * BRACKET_TABLES):
+        cpu, share = 1 + (i * 7919) % 12_000, 4000 + i % 4 * 30
+
+        def score(node: Node, cpu: int = cpu, share: int = share) -> float:
+            # Steps of an eighth of the node's CPU, and a step for each share, traded one for the other.
+            return -float(cpu // (node.cpu_milli // 8) + (share - 4000) // 30)
+
+        read: list[str] = []
+
+        def counted(node: Node, score: Callable[[Node], float] = score, read: list[str] = read) -> float:
+            read.append(node.name)
+            return score(node)
+
+        answers = cache.evaluate_memoised(names, ("shape", cpu, share), counted, bracket=Bracket("shape", cpu, share))
+        assert answers == [cache.evaluate(names, score)[name] for name in names], (cpu, share)
+        settled += len(names) - len(read)
+    assert settled > len(names) * BRACKET_TABLES // 2  # many answers came from the bracket
 
 
 def test_the_cpu_bracket_index_stays_bounded_as_versions_and_shapes_come_and_go() -> None:
@@ -588,9 +617,9 @@ def test_the_cpu_bracket_index_stays_bounded_as_versions_and_shapes_come_and_go(
         def score(node: Node, cpu: int = cpu) -> float:
             return -float(cpu)
 
-        assert cache.evaluate_memoised(["n"], (version, cpu), score, bracket=CpuBracket(version, cpu)) == [-cpu]
+        assert cache.evaluate_memoised(["n"], (version, cpu), score, bracket=Bracket(version, cpu, 0)) == [-cpu]
         if n % 64 == 63:
-            largest = max(largest, sum(len(cpus) for cpus, _ in cache._by_cpu.values()))
+            largest = max(largest, sum(len(points) for points, _ in cache._bracket_index.values()))
     assert MAX_ANSWER_TABLES < largest <= MAX_ANSWER_TABLES + BRACKET_SWEEP_EVERY
 
 

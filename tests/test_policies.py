@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from gpushare.contract import ModelRule, PodRequest
 from gpushare.model import GPU, Node
 from gpushare.policies import DEFAULT_POLICY, choose_node, extender_scores, make_policy, node_priority, policy_names
-from gpushare.policies.base import follows_cluster, follows_inventory
+from gpushare.policies.base import classes_shares, follows_cluster, follows_inventory
 from gpushare.policies.fgd import (
     CHOICES_LIMIT,
     DEMANDS_LIMIT,
@@ -30,7 +30,7 @@ from gpushare.policies.fgd import (
 )
 from gpushare.policies.lookahead import FragmentationLookahead
 from gpushare.policies.simple import Binpack, Spread
-from gpushare.policies.workload import Shape, WorkloadDistribution
+from gpushare.policies.workload import Shape, WorkloadDistribution, share_class
 
 
 def node(name: str, *frees: int, total: int = 1000, model: str = "T4", cpu: int = 0, cpu_used: int = 0,
@@ -313,6 +313,50 @@ def test_a_pod_that_asks_for_more_cpu_never_scores_higher(gpus: list[tuple[str, 
         if candidate is not None:
             scores.append(candidate.score)
     assert scores == sorted(scores, reverse=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(gpus=st.lists(st.tuples(st.sampled_from(["T4", "G2"]), st.sampled_from([1000, 1100, 16384]),
+                               st.floats(0.0, 1.0)), min_size=1, max_size=8),
+       cores=st.sampled_from([0, 16000, 96000]), cpu_used=st.integers(0, 96000), cpu=st.integers(0, 16000),
+       low=st.one_of(st.integers(50, 1100), st.integers(1100, 16384)), name=st.sampled_from(policy_names()))
+@example(gpus=[("T4", 1100, 1.0), ("T4", 1000, 1.0)], cores=0, cpu_used=0, cpu=0, low=1000,
+         name="fgd-lookahead")  # 1,100 units is the largest GPU's size: no tie-break by FGD's own score there
+@example(gpus=[("T4", 16384, 1.0), ("T4", 16384, 0.7890625)], cores=0, cpu_used=0, cpu=0, low=12000,
+         name="fgd")  # with growth worked out for each exact share, a larger share of this class scores higher
+def test_a_one_gpu_share_of_the_same_class_that_is_larger_never_scores_higher(
+        gpus: list[tuple[str, int, float]], cores: int, cpu_used: int, cpu: int, low: int, name: str) -> None:
+    """A policy that weighs a one-GPU share by its class (``ClassedShares``) never scores a node higher for a larger
+    share of the same class: the cache answers a pod from the scores of pods whose shares of its class are below and
+    above its own (``Bracket``). Shares across ``low``'s class, on GPUs of mixed sizes."""
+    host = Node("n", [GPU(i, model, total, used=total - int(total * free), holders=int(free < 1.0))
+                      for i, (model, total, free) in enumerate(gpus)], cpu_milli=cores, cpu_used=min(cpu_used, cores))
+    learned = workload((Shape(1, 500, 4000), 3.0), (Shape(1, 250, 1000), 2.0), (Shape(2, 1000, 16000), 1.0),
+                       (Shape(1, 1000, 30000, models=ModelRule(("G2",))), 0.5), (Shape(0, 0, 8000), 1.0),
+                       (Shape(1, 8000, 4000), 1.0), (Shape(1, 12000, 8000), 1.0))
+    policy = make_policy(name, learned)
+    if not classes_shares(policy):
+        assert name in ("binpack", "spread")  # their score rises as the chosen GPU fills
+        return
+    if follows_inventory(policy):
+        policy.observe_inventory({"T4": 8000, "G2": 4000})
+    if follows_cluster(policy):
+        policy.observe_nodes([host, Node("spare", [GPU(0, "G2", 1000), GPU(1, "G2", 1000)], cpu_milli=8000)])
+    start = policy.share_class(low)
+    width = 10 ** max(len(str(start)) - 2, 0)  # the class spans this many units
+    scores = []
+    for units in range(start, start + width, max(width // 25, 1)):
+        assert policy.share_class(units) == start
+        candidate = policy.evaluate(host, share(units, cpu))
+        scores.append(-math.inf if candidate is None else candidate.score)
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_only_the_fgd_family_weighs_a_share_by_its_class() -> None:
+    """binpack and spread score a larger share higher where its GPU fills more: their answers are found from other
+    CPU requests only."""
+    assert [n for n in policy_names() if classes_shares(make_policy(n))] == ["fgd", "fgd-lookahead", "fgd-scarcity"]
+    assert make_policy("fgd").share_class(4095) == share_class(4095) == 4000
 
 
 @pytest.mark.parametrize("name", ["fgd", "fgd-lookahead", "fgd-scarcity"])

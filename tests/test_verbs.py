@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import replace
 from typing import Any
 
 import orjson
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from kubernetes import client
 from prometheus_client import CollectorRegistry
@@ -19,8 +20,8 @@ from extender.placement import PolicyBook, RequestCache
 from extender.verbs import Verbs
 from extender.wire import ExtenderArgs, parse_extender_args
 from gpushare.cache.gangs import GangIndex
-from gpushare.cache.state import ClusterCache
-from gpushare.contract import ANN_GPU_MODEL, parse_request
+from gpushare.cache.state import ClusterCache, ReservationError
+from gpushare.contract import ANN_GPU_MODEL, MemoryUnit, PodRequest, parse_request
 from gpushare.kube.api import PodGroups
 from gpushare.model import Node
 from gpushare.policies import choose_node, policy_names
@@ -123,7 +124,7 @@ def test_filters_that_answer_from_other_cpu_requests_choose_the_node_fresh_score
         cores: list[str], bound: list[tuple[int, int, int, str]], pods: list[tuple[int, int, bool]],
         policy: str) -> None:
     """Pods that differ only in the CPU they ask for meet node states the filter already scored for another CPU
-    request: it answers from those scores where they settle the score (``CpuBracket``) and leaves out states that
+    request: it answers from those scores where they settle the score (``Bracket``) and leaves out states that
     cannot reach the best score known. Its choice must be the one the policy makes scoring every node afresh."""
     cache = ClusterCache()
     names = [f"node-{i}" for i in range(len(cores))]
@@ -141,6 +142,54 @@ def test_filters_that_answer_from_other_cpu_requests_choose_the_node_fresh_score
         fresh = choose_node(cache.snapshot(names), replace(request, memory_mib=0), book.for_request(request),
                             cache.tie_seed)
         assert chosen == ([] if fresh is None else [fresh[0].name]), (i, request.cpu_milli)
+        if place and chosen:
+            pod_policy = book.for_request(request)
+
+            def gpus(node: Node) -> tuple[int, ...] | None:
+                candidate = book.evaluate(pod_policy, node, request)  # noqa: B023 (called at once, in this pass)
+                return None if candidate is None else candidate.gpus
+
+            cache.reserve(chosen[0], args.pod.key, args.pod.uid, request, gpus)
+            verbs.catch_up()
+
+
+@settings(max_examples=40, deadline=None)
+@given(cores=st.lists(st.sampled_from(["4", "8", "16", "32"]), min_size=8, max_size=8),
+       bound=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 1), st.sampled_from([4300, 4340, 12300, 12340]),
+                                st.integers(0, 8)), max_size=12),
+       pods=st.lists(st.tuples(st.sampled_from([1000, 4000, 4000, 12000]), st.integers(0, 99), st.integers(0, 8),
+                               st.booleans()), min_size=2, max_size=40),
+       policy=st.sampled_from(policy_names()))
+@example(cores=["4", "4", "16", "4", "4", "4", "16", "16"],
+         bound=[(0, 0, 4300, 0), (0, 0, 4300, 0), (0, 0, 4300, 1), (2, 0, 4340, 0)],
+         pods=[(1000, 0, 0, False)] * 10 + [(1000, 0, 0, True), (12000, 0, 0, False)] + [(1000, 0, 0, False)] * 12
+         + [(4000, 0, 1, True), (4000, 0, 4, True), (4000, 53, 1, True), (4000, 60, 0, False), (4000, 0, 1, False)],
+         policy="fgd-scarcity")  # a bracket that took requests of other shares for bounds settled a score wrongly
+def test_filters_that_answer_from_other_shares_of_a_class_choose_the_node_fresh_scores_choose(
+        cores: list[str], bound: list[tuple[int, int, int, int]], pods: list[tuple[int, int, int, bool]],
+        policy: str) -> None:
+    """Pods that ask GPU memory in MiB, each its own amount, meet node states the filter already scored for other
+    shares of the same class (two significant digits) and other CPU requests: it answers from those scores where
+    they settle the score (``Bracket``). Its choice must be the one the policy makes scoring every node afresh."""
+    cache = ClusterCache(MemoryUnit.MiB)
+    names = [f"node-{i}" for i in range(len(cores))]
+    cache.replace_nodes([node_info(name, [16384, 16384], cpu=count) for name, count in zip(names, cores, strict=True)])
+    verbs, book = verbs_over(cache, policy, {Shape(1, 4000, 2000): 3.0, Shape(1, 12000, 8000): 1.0,
+                                             Shape(2, 16384, 16000): 0.5})
+    for i, (index, gpu, units, halves) in enumerate(bound):  # GPUs with room inside a class: 12,084 or 4,044 free
+        placed = PodRequest(per_gpu=units, gpu_count=1, cpu_milli=halves * 500)
+        with suppress(ReservationError):
+            cache.reserve(names[index], f"default/bound-{i}", f"uid-bound-{i}", placed, lambda _, gpu=gpu: (gpu,))
+    for i, (base, offset, halves, place) in enumerate(pods):
+        units = base + offset * (base // 100) // 100  # within the class of ``base``
+        body: dict[str, Any] = pod_body(f"pod-{i}", gpu_mem=units, cpu=f"{halves * 500}m")
+        body["metadata"] |= {"uid": f"uid-{i}", "resourceVersion": "1"}
+        args = parse_extender_args(orjson.dumps({"Pod": body, "NodeNames": names}))
+        chosen = verbs.filter(args)["NodeNames"]
+        request = cache.resolve(parse_request(args.pod))
+        fresh = choose_node(cache.snapshot(names), replace(request, memory_mib=0), book.for_request(request),
+                            cache.tie_seed)
+        assert chosen == ([] if fresh is None else [fresh[0].name]), (i, units, request.cpu_milli)
         if place and chosen:
             pod_policy = book.for_request(request)
 

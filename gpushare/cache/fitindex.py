@@ -125,7 +125,7 @@ def sort_window(names: list[str], states: list[int | None], fits: list[bool | No
 
 def shape_key(request: PodRequest) -> tuple[Any, ...]:
     """What a request's fit and scores depend on. The CPU request comes last, so that ``key[:-1]`` is the same for
-    requests that differ only in it (scores found from each other's: ``CpuBracket``)."""
+    requests that differ only in it (scores found from each other's: ``Bracket``)."""
     return (request.per_gpu, request.gpu_count, request.exclusive, request.compute_percent, request.models,
             request.memory_mib, request.sharing, request.affinity_held, request.cpu_milli)
 

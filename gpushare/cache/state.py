@@ -80,7 +80,7 @@ MAX_CHANGES = 100_000
 # Distinct failure reasons kept as one object each, for the reason tables to share (forgotten whole when full: only
 # the sharing is lost). A reason depends on the pod's share and count and the node's GPUs, so a few hundred recur.
 MAX_SHARED_REASONS = 16_384
-# ``CpuBracket``: how many answer tables of the nearest CPU requests on each side are looked into for a node state's
+# ``Bracket``: how many answer tables of the nearest requests on each side are looked into for a node state's
 # score; how many tables of one key without CPU the index keeps when pruned (twice as many make it prune); and how
 # many requests the index takes in before the entries of every table evicted since go, with the keys left without
 # any: it never holds more entries than that beyond one per table kept.
@@ -104,31 +104,52 @@ class Carry:
 
 
 @dataclass(frozen=True, slots=True)
-class CpuBracket:
-    """Where a score may come from the scores of requests that differ from the pod's only in CPU: a policy never
-    scores a node higher for more CPU asked (``Policy.evaluate``), so a node state that got the same score for two
-    CPU requests gets it for every request between them, and it is not scored afresh for those."""
+class Bracket:
+    """Where a score may come from the scores of requests that differ from the pod's only in CPU, and in share within
+    its class for a policy that weighs a share by its class (``ClassedShares``): a policy never scores a node higher
+    for more CPU asked (``Policy.evaluate``), nor such a policy for a larger share of the same class, so a node state
+    that got the same score for a request no larger than the pod's in either and for one no smaller in either gets
+    it for the pod's too, and is not scored afresh for it."""
 
     key: Hashable
-    """The answers' key with the pod's CPU request left out (the policy, the rest of the shape, the version)."""
+    """The answers' key with the pod's CPU request left out, and its share where it is ordered (the policy, the rest
+    of the shape, the version)."""
     cpu: int
     """The pod's CPU request, millicores."""
+    share: int
+    """The pod's share per GPU where requests under ``key`` differ in it (one class), else 0."""
+
+    @property
+    def point(self) -> tuple[int, int]:
+        """Where the request sits among those under ``key``: by CPU, then by share (a request no larger in either
+        comes before it, one no smaller in either after)."""
+        return (self.cpu, self.share)
 
 
-def _bracket(tables: Sequence[dict[int, Any]], state: int) -> Any:
-    """The first score ``tables`` hold for ``state`` (nearest CPU request first), ``_UNKNOWN`` if none."""
-    for table in tables:
-        score = table.get(state)
-        if score is not None:
-            return score
-    return _UNKNOWN
+def _bound(tables: Sequence[dict[int, Any]], state: int, tightest: Callable[[list[Any]], Any] | None) -> Any:
+    """A bound on ``state``'s score from the scores ``tables`` hold for it (nearest request first): the first, where
+    the nearest request is the tightest bound (requests that differ only in CPU), else the ``tightest`` of them
+    (``min`` for a ceiling, ``max`` for a floor); ``_UNKNOWN`` if none."""
+    if tightest is None:
+        for table in tables:
+            score = table.get(state)
+            if score is not None:
+                return score
+        return _UNKNOWN
+    found = [score for table in tables if (score := table.get(state)) is not None]
+    return tightest(found) if found else _UNKNOWN
 
 
-def _live(tables: Mapping[Hashable, dict[int, Any]], keys: Sequence[Hashable], order: range) -> list[dict[int, Any]]:
-    """The answer tables still kept of ``keys``, in ``order``, at most ``BRACKET_PROBES`` of them: the index keeps
-    the keys of tables evicted until it is pruned, and those are passed over."""
+def _live(tables: Mapping[Hashable, dict[int, Any]], keys: Sequence[Hashable], points: Sequence[tuple[int, int]],
+          share: int, order: range, below: bool) -> list[dict[int, Any]]:
+    """The answer tables still kept of ``keys``, in ``order``, at most ``BRACKET_PROBES`` of them, of the requests no
+    larger in share than ``share`` (``below``) or no smaller (the others, before or after in ``order``, bound nothing):
+    the index keeps the keys of tables evicted until it is pruned, and those are passed over."""
     found: list[dict[int, Any]] = []
     for n in order:
+        other = points[n][1]
+        if other > share if below else other < share:
+            continue
         table = tables.get(keys[n])
         if table is not None:
             found.append(table)
@@ -137,15 +158,16 @@ def _live(tables: Mapping[Hashable, dict[int, Any]], keys: Sequence[Hashable], o
     return found
 
 
-def _kept(cpus: Sequence[int], keys: Sequence[Hashable], tables: Mapping[Hashable, dict[int, Any]]
-          ) -> list[tuple[int, Hashable]]:
-    """The CPU bracket index's entries (CPU request, key) whose answer tables are still kept, ascending."""
-    return [(c, k) for c, k in zip(cpus, keys, strict=True) if k in tables]
+def _kept(points: Sequence[tuple[int, int]], keys: Sequence[Hashable], tables: Mapping[Hashable, dict[int, Any]]
+          ) -> list[tuple[tuple[int, int], Hashable]]:
+    """The bracket index's entries (``Bracket.point``, key) whose answer tables are still kept, ascending."""
+    return [(p, k) for p, k in zip(points, keys, strict=True) if k in tables]
 
 
-def _unzipped(entries: Sequence[tuple[int, Hashable]]) -> tuple[tuple[int, ...], tuple[Hashable, ...]]:
-    """The CPU bracket index's ``entries`` as it stores them: the requests, and the keys in the same order."""
-    return tuple(c for c, _ in entries), tuple(k for _, k in entries)
+def _unzipped(entries: Sequence[tuple[tuple[int, int], Hashable]]
+              ) -> tuple[tuple[tuple[int, int], ...], tuple[Hashable, ...]]:
+    """The bracket index's ``entries`` as it stores them: the requests' points, and the keys in the same order."""
+    return tuple(p for p, _ in entries), tuple(k for _, k in entries)
 
 
 class ReservationError(Exception):
@@ -213,10 +235,10 @@ class ClusterCache:
         self._ranked: dict[int, list[str]] = {}
         # key -> node state id -> answer.
         self._answer_tables: dict[Hashable, dict[int, Any]] = {}
-        # CpuBracket.key -> the CPU requests with an answer table under it, ascending, and those tables' keys:
-        # replaced whole under the index lock, so that a reader without it sees one consistent pair.
-        self._by_cpu: dict[Hashable, tuple[tuple[int, ...], tuple[Hashable, ...]]] = {}
-        self._by_cpu_added = 0  # requests the index took in since its last sweep (``BRACKET_SWEEP_EVERY``)
+        # Bracket.key -> the requests (``Bracket.point``) with an answer table under it, ascending, and those tables'
+        # keys: replaced whole under the index lock, so that a reader without it sees one consistent pair.
+        self._bracket_index: dict[Hashable, tuple[tuple[tuple[int, int], ...], tuple[Hashable, ...]]] = {}
+        self._bracket_added = 0  # requests the index took in since its last sweep (``BRACKET_SWEEP_EVERY``)
         # Answers that may carry over between versions (``Carry``): per family, the version and key asked for last;
         # per key, the version and key of its family asked for before it.
         self._newest: dict[Hashable, tuple[int, Hashable]] = {}
@@ -476,7 +498,7 @@ class ClusterCache:
 
     def evaluate_memoised(self, names: Sequence[str], key: Hashable, read: Callable[[Node], T],
                           max_reads: int | None = None, states: list[int | None] | None = None,
-                          carry: Carry | None = None, bracket: CpuBracket | None = None) -> list[T | None] | None:
+                          carry: Carry | None = None, bracket: Bracket | None = None) -> list[T | None] | None:
         """``read`` of each of ``names`` (``None`` for unknown nodes), in their order: ``evaluate_states`` spelt out
         per name (prioritize answers for every name)."""
         evaluated = self.evaluate_states(names, key, read, max_reads, states, carry, bracket=bracket)
@@ -488,7 +510,7 @@ class ClusterCache:
     def evaluate_states(self, names: Sequence[str], key: Hashable, read: Callable[[Node], T],
                         max_reads: int | None = None, states: list[int | None] | None = None,
                         carry: Carry | None = None, firsts: Mapping[int | None, str] | None = None,
-                        bracket: CpuBracket | None = None, best_only: bool = False
+                        bracket: Bracket | None = None, best_only: bool = False
                         ) -> tuple[list[int | None], dict[int | None, T | None]] | None:
         """The state id of each of ``names`` (``None`` for unknown nodes) and ``read``'s answer for each of those
         states, remembered under ``key`` for the state (``state_signature``): every node in that state shares it,
@@ -507,9 +529,9 @@ class ClusterCache:
         their states again. With ``carry``, a state without an answer under ``key`` takes the one it had under the
         family's key asked for before, where ``carry.unchanged_since`` says it still holds: not a read, so not
         counted against ``max_reads``. With ``bracket``, nor is a score that the state's scores for the nearest
-        other CPU requests settle (``CpuBracket``); with ``best_only`` too (answers that are scores, and only the
-        states of the highest score wanted: filter's favourite), a state whose score cannot reach one known gets
-        ``None``, unread.
+        requests of other CPUs (and shares of the same class) settle (``Bracket``); with ``best_only`` too (answers
+        that are scores, and only the states of the highest score wanted: filter's favourite), a state whose score
+        cannot reach one known gets ``None``, unread.
         """
         table = self._answer_table(key)
         if states is None:
@@ -543,10 +565,13 @@ class ClusterCache:
             if bracket is not None and missing:
                 below, above = self._bracketing(bracket, key)
                 if below or above:
+                    # Requests of other shares may bound a state's score less tightly than farther ones (a smaller
+                    # CPU and a larger share): each side's tightest bound, where shares differ.
+                    low, high = (None, None) if bracket.share == 0 else (min, max)
                     still = []
                     for state in missing:
-                        ceiling = _bracket(below, state)
-                        if ceiling is not _UNKNOWN and ceiling == _bracket(above, state):
+                        ceiling = _bound(below, state, low)
+                        if ceiling is not _UNKNOWN and ceiling == _bound(above, state, high):
                             answers[state] = ceiling
                             self._remember(table, state, ceiling)
                             continue
@@ -563,58 +588,60 @@ class ClusterCache:
                     answers[state] = self._answer(first[state], table, read)
         return states, answers
 
-    def _bracketing(self, bracket: CpuBracket, key: Hashable
+    def _bracketing(self, bracket: Bracket, key: Hashable
                     ) -> tuple[list[dict[int, Any]], list[dict[int, Any]]]:
-        """The answer tables of the ``BRACKET_PROBES`` CPU requests nearest below ``bracket.cpu`` and above it under
-        ``bracket.key``, nearest first; the table of ``key`` (this request's) joins the index if new."""
-        cpu = bracket.cpu
-        cpus, keys = self._by_cpu.get(bracket.key, ((), ()))
-        i = bisect_left(cpus, cpu)
-        if i == len(cpus) or cpus[i] != cpu:
+        """The answer tables of the ``BRACKET_PROBES`` requests nearest below ``bracket`` (no larger in CPU nor share)
+        and above it (no smaller in either) under ``bracket.key``, nearest first; the table of ``key`` (this
+        request's) joins the index if new."""
+        point = bracket.point
+        points, keys = self._bracket_index.get(bracket.key, ((), ()))
+        i = bisect_left(points, point)
+        if i == len(points) or points[i] != point:
             with self._index_lock:
-                cpus, keys = self._by_cpu.get(bracket.key, ((), ()))
-                i = bisect_left(cpus, cpu)
-                if i == len(cpus) or cpus[i] != cpu:
-                    cpus, keys = (*cpus[:i], cpu, *cpus[i:]), (*keys[:i], key, *keys[i:])
-                    if len(cpus) > 2 * BRACKET_TABLES:
+                points, keys = self._bracket_index.get(bracket.key, ((), ()))
+                i = bisect_left(points, point)
+                if i == len(points) or points[i] != point:
+                    points, keys = (*points[:i], point, *points[i:]), (*keys[:i], key, *keys[i:])
+                    if len(points) > 2 * BRACKET_TABLES:
                         # Pruned in bulk, not per request: with every pod its own CPU each filter adds a request, and
                         # walking the whole index each time cost more than the scores it saved. The tables evicted
                         # since go, then the smallest requests' (never this one's) down to the bound.
-                        kept = _kept(cpus, keys, self._answer_tables)
+                        kept = _kept(points, keys, self._answer_tables)
                         excess = len(kept) - BRACKET_TABLES
                         if excess > 0:
                             kept = [entry for n, entry in enumerate(kept) if n >= excess or entry[1] == key]
                             if len(kept) > BRACKET_TABLES:  # this one was among the smallest: it leads
                                 del kept[1]
-                        cpus, keys = _unzipped(kept)
-                        i = bisect_left(cpus, cpu)
-                    self._by_cpu[bracket.key] = (cpus, keys)
-                    self._by_cpu_added += 1
-                    if self._by_cpu_added > BRACKET_SWEEP_EVERY:
+                        points, keys = _unzipped(kept)
+                        i = bisect_left(points, point)
+                    self._bracket_index[bracket.key] = (points, keys)
+                    self._bracket_added += 1
+                    if self._bracket_added > BRACKET_SWEEP_EVERY:
                         # Earlier versions and shapes no longer asked leave entries whose tables are gone, under
                         # keys no request asks again: swept together, so that they never add up.
-                        self._sweep_by_cpu()
-                        cpus, keys = self._by_cpu.get(bracket.key, ((), ()))
-                        i = bisect_left(cpus, cpu)
-        tables = self._answer_tables
-        return _live(tables, keys, range(i - 1, -1, -1)), _live(tables, keys, range(i + 1, len(keys)))
+                        self._sweep_bracket_index()
+                        points, keys = self._bracket_index.get(bracket.key, ((), ()))
+                        i = bisect_left(points, point)
+        tables, share = self._answer_tables, bracket.share
+        return (_live(tables, keys, points, share, range(i - 1, -1, -1), below=True),
+                _live(tables, keys, points, share, range(i + 1, len(keys)), below=False))
 
-    def _sweep_by_cpu(self) -> None:
-        """The CPU bracket's index without the entries of tables evicted, nor the keys left without any (under the
-        index lock)."""
+    def _sweep_bracket_index(self) -> None:
+        """The bracket's index without the entries of tables evicted, nor the keys left without any (under the index
+        lock)."""
         tables = self._answer_tables
         swept = {}
-        for name, (cpus, keys) in self._by_cpu.items():
-            kept = _kept(cpus, keys, tables)
+        for name, (points, keys) in self._bracket_index.items():
+            kept = _kept(points, keys, tables)
             if kept:
                 swept[name] = _unzipped(kept)
-        self._by_cpu = swept
-        self._by_cpu_added = 0
+        self._bracket_index = swept
+        self._bracket_added = 0
 
     def _read_best(self, missing: list[int], ceilings: dict[int, Any], answers: dict[int | None, Any],
                    first: Mapping[int | None, str], table: dict[int, Any], read: Callable[[Node], Any]) -> None:
         """``read`` the ``missing`` states that may score the highest of ``answers``, into ``answers``; a state whose
-        ceiling (its score for a smaller CPU request, ``CpuBracket``) is below a score known gets ``None`` unread."""
+        ceiling (its score for a request no larger, ``Bracket``) is below a score known gets ``None`` unread."""
         highest = max((a for a in answers.values() if a is not None and a is not _UNKNOWN), default=None)
         # States without a ceiling first, then the highest ceilings: each read may raise the highest known.
         missing.sort(key=lambda state: (state in ceilings, -ceilings.get(state, 0.0)))

@@ -41,7 +41,7 @@ class Policy(Protocol):
         GPUs are those of the same request without memory, so callers may share them between such requests. Nor
         does the score rise with the request's CPU, the rest alike (more CPU taken leaves a node less for what comes
         next): where two CPU requests score the same, every request between them scores that, and none below the
-        smaller scores less, so callers may answer those without evaluating (``CpuBracket``)."""
+        smaller scores less, so callers may answer those without evaluating (``Bracket``)."""
         ...
 
     def observe(self, request: PodRequest) -> None:
@@ -79,6 +79,17 @@ class Repricing(Protocol):
         ...
 
 
+@runtime_checkable
+class ClassedShares(Protocol):
+    """A policy that weighs a one-GPU share (one GPU, not exclusive) by its class: on a node, such a request's score
+    depends on its exact share only through the GPUs that share fits, and is the best over those GPUs, so a larger
+    share of the same class, which fits no more of them, never scores higher."""
+
+    def share_class(self, per_gpu: int) -> int:
+        """The class of a one-GPU share of ``per_gpu`` units: what the policy weighs in its place."""
+        ...
+
+
 def follows_inventory(policy: Policy) -> TypeGuard[InventoryAware]:
     """Whether the policy is ``InventoryAware``; decided once per class, since a runtime protocol check walks the
     protocol's members on every call and prioritize asks for every pod."""
@@ -98,6 +109,11 @@ def reprices(policy: Policy) -> TypeGuard[Repricing]:
 @functools.cache
 def _implements(kind: type, protocol: type) -> bool:
     return issubclass(kind, protocol)
+
+
+def classes_shares(policy: Policy) -> TypeGuard[ClassedShares]:
+    """Whether the policy is ``ClassedShares``; decided once per class, as ``follows_inventory``."""
+    return _implements(type(policy), ClassedShares)
 
 
 def policy_version(policy: object) -> int:

@@ -613,6 +613,11 @@ class FragmentationGradient:
     def observe(self, request: PodRequest) -> None:
         self.workload.observe(Shape.of(request))
 
+    def share_class(self, per_gpu: int) -> int:
+        """A one-GPU share's growth is worked out with its class (``gpu_choices``), and the GPUs compared are every
+        distinct one the exact share fits, the best counting (``ClassedShares``)."""
+        return share_class(per_gpu)
+
     def measure(self) -> FragmentationMeasure:
         """The measure for the current target workload (rebuilt, with an empty memo, when it changes)."""
         if self._measure_version != self.workload.version:
