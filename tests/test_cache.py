@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import pytest
 from hypothesis import given, settings
@@ -546,15 +546,35 @@ def test_memoised_answers_stay_right_for_more_keys_than_the_cache_keeps_tables()
         assert cache.evaluate_memoised(["n2", "n1"], key, free) == [8, 12]
 
 
+def nodes_of_many_cores() -> tuple[ClusterCache, list[str]]:
+    """A cache of seven one-GPU nodes of 4 to 32 cores, and their names."""
+    cache = ClusterCache()
+    names = [f"n{cores}" for cores in (4, 6, 8, 12, 16, 24, 32)]
+    for name in names:
+        cache.upsert_node(node_info(name, [16384], cpu=name[1:]))
+    return cache, names
+
+
+def settled_by_bracket(cache: ClusterCache, names: list[str], key: Hashable, score: Callable[[Node], float],
+                       bracket: Bracket) -> int:
+    """How many of ``names`` the cache answered under ``key`` without reading them; every answer must be ``score``'s."""
+    read: list[str] = []
+
+    def counted(node: Node) -> float:
+        read.append(node.name)
+        return score(node)
+
+    answers = cache.evaluate_memoised(names, key, counted, bracket=bracket)
+    assert answers == [cache.evaluate(names, score)[name] for name in names], key
+    return len(names) - len(read)
+
+
 def test_scores_settled_from_other_cpu_requests_stay_right_past_what_the_index_keeps() -> None:
     """A score that never rises with the CPU asked, for many more CPU requests of one shape than the index of
     their answer tables keeps (``BRACKET_TABLES``), in no order: the index is pruned and every answer, settled from
     the nearest requests' tables or read, is the score itself (a table paired with the wrong request, or one past
     the nearest, would settle some wrongly)."""
-    cache = ClusterCache()
-    names = [f"n{cores}" for cores in (4, 6, 8, 12, 16, 24, 32)]
-    for name in names:
-        cache.upsert_node(node_info(name, [16384], cpu=name[1:]))
+    cache, names = nodes_of_many_cores()
     settled = 0
     for i in range(3 * BRACKET_TABLES):
         cpu = 1 + (i * 7919) % 12_000
@@ -563,15 +583,7 @@ def test_scores_settled_from_other_cpu_requests_stay_right_past_what_the_index_k
             # Steps of an eighth of the node's CPU: equal for nearby requests, lower for more.
             return -float(cpu // (node.cpu_milli // 8))
 
-        read: list[str] = []
-
-        def counted(node: Node, score: Callable[[Node], float] = score, read: list[str] = read) -> float:
-            read.append(node.name)
-            return score(node)
-
-        answers = cache.evaluate_memoised(names, ("shape", cpu), counted, bracket=Bracket("shape", cpu, 0))
-        assert answers == [cache.evaluate(names, score)[name] for name in names], cpu
-        settled += len(names) - len(read)
+        settled += settled_by_bracket(cache, names, ("shape", cpu), score, Bracket("shape", cpu, 0))
     assert settled > len(names) * BRACKET_TABLES  # most answers came from the bracket
 
 
@@ -580,10 +592,7 @@ def test_scores_settled_from_other_shares_of_a_class_and_cpu_requests_are_the_sc
     both in no order: every answer, settled from the tables of requests no larger in either and no smaller in either,
     or read, is the score itself. A request larger in share and smaller in CPU than the pod's bounds nothing either
     way: taken for a bound, it would settle some wrongly."""
-    cache = ClusterCache()
-    names = [f"n{cores}" for cores in (4, 6, 8, 12, 16, 24, 32)]
-    for name in names:
-        cache.upsert_node(node_info(name, [16384], cpu=name[1:]))
+    cache, names = nodes_of_many_cores()
     settled = 0
     for i in range(2 * BRACKET_TABLES):
         cpu, share = 1 + (i * 7919) % 12_000, 4000 + i % 4 * 30
@@ -592,15 +601,7 @@ def test_scores_settled_from_other_shares_of_a_class_and_cpu_requests_are_the_sc
             # Steps of an eighth of the node's CPU, and a step for each share, traded one for the other.
             return -float(cpu // (node.cpu_milli // 8) + (share - 4000) // 30)
 
-        read: list[str] = []
-
-        def counted(node: Node, score: Callable[[Node], float] = score, read: list[str] = read) -> float:
-            read.append(node.name)
-            return score(node)
-
-        answers = cache.evaluate_memoised(names, ("shape", cpu, share), counted, bracket=Bracket("shape", cpu, share))
-        assert answers == [cache.evaluate(names, score)[name] for name in names], (cpu, share)
-        settled += len(names) - len(read)
+        settled += settled_by_bracket(cache, names, ("shape", cpu, share), score, Bracket("shape", cpu, share))
     assert settled > len(names) * BRACKET_TABLES // 2  # many answers came from the bracket
 
 

@@ -113,6 +113,28 @@ def test_every_pod_kube_scheduler_asks_about_is_learned_though_its_window_holds_
         assert Shape.of(parse_request(args.pod)) in book.workload.histogram()
 
 
+def filter_as_fresh_scores_would(cache: ClusterCache, verbs: Verbs, book: PolicyBook, names: list[str], name: str,
+                                 units: int, cpu_milli: int, place: bool) -> None:
+    """Filter a pod of ``units`` of GPU memory and ``cpu_milli`` over ``names``: it must choose what the pod's policy
+    chooses scoring every node afresh. With ``place``, the pod is then reserved there, as bind would."""
+    body: dict[str, Any] = pod_body(name, gpu_mem=units, cpu=f"{cpu_milli}m")
+    body["metadata"] |= {"uid": f"uid-{name}", "resourceVersion": "1"}
+    args = parse_extender_args(orjson.dumps({"Pod": body, "NodeNames": names}))
+    chosen = verbs.filter(args)["NodeNames"]
+    request = cache.resolve(parse_request(args.pod))
+    pod_policy = book.for_request(request)
+    fresh = choose_node(cache.snapshot(names), replace(request, memory_mib=0), pod_policy, cache.tie_seed)
+    assert chosen == ([] if fresh is None else [fresh[0].name]), (name, units, cpu_milli)
+    if place and chosen:
+
+        def gpus(node: Node) -> tuple[int, ...] | None:
+            candidate = book.evaluate(pod_policy, node, request)
+            return None if candidate is None else candidate.gpus
+
+        cache.reserve(chosen[0], args.pod.key, args.pod.uid, request, gpus)
+        verbs.catch_up()
+
+
 @settings(max_examples=40, deadline=None)
 @given(cores=st.lists(st.sampled_from(["4", "8", "16", "32"]), min_size=8, max_size=8),
        bound=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 1), st.integers(1, 12),
@@ -134,23 +156,7 @@ def test_filters_that_answer_from_other_cpu_requests_choose_the_node_fresh_score
     # A learned workload that a few more pods do not move: the scores of one shape stay comparable across pods.
     verbs, book = verbs_over(cache, policy, {Shape(1, 4, 2000): 3.0, Shape(1, 12, 8000): 1.0, Shape(2, 16, 16000): 0.5})
     for i, (units, halves, place) in enumerate(pods):
-        body: dict[str, Any] = pod_body(f"pod-{i}", gpu_mem=units, cpu=f"{halves * 500}m")
-        body["metadata"] |= {"uid": f"uid-{i}", "resourceVersion": "1"}
-        args = parse_extender_args(orjson.dumps({"Pod": body, "NodeNames": names}))
-        chosen = verbs.filter(args)["NodeNames"]
-        request = cache.resolve(parse_request(args.pod))
-        fresh = choose_node(cache.snapshot(names), replace(request, memory_mib=0), book.for_request(request),
-                            cache.tie_seed)
-        assert chosen == ([] if fresh is None else [fresh[0].name]), (i, request.cpu_milli)
-        if place and chosen:
-            pod_policy = book.for_request(request)
-
-            def gpus(node: Node) -> tuple[int, ...] | None:
-                candidate = book.evaluate(pod_policy, node, request)  # noqa: B023 (called at once, in this pass)
-                return None if candidate is None else candidate.gpus
-
-            cache.reserve(chosen[0], args.pod.key, args.pod.uid, request, gpus)
-            verbs.catch_up()
+        filter_as_fresh_scores_would(cache, verbs, book, names, f"pod-{i}", units, halves * 500, place)
 
 
 @settings(max_examples=40, deadline=None)
@@ -176,26 +182,11 @@ def test_filters_that_answer_from_other_shares_of_a_class_choose_the_node_fresh_
     cache.replace_nodes([node_info(name, [16384, 16384], cpu=count) for name, count in zip(names, cores, strict=True)])
     verbs, book = verbs_over(cache, policy, {Shape(1, 4000, 2000): 3.0, Shape(1, 12000, 8000): 1.0,
                                              Shape(2, 16384, 16000): 0.5})
-    for i, (index, gpu, units, halves) in enumerate(bound):  # GPUs with room inside a class: 12,084 or 4,044 free
+    # GPUs with room inside a class: 12,084, 12,044, 4,084 or 4,044 units free.
+    for i, (index, gpu, units, halves) in enumerate(bound):
         placed = PodRequest(per_gpu=units, gpu_count=1, cpu_milli=halves * 500)
         with suppress(ReservationError):
             cache.reserve(names[index], f"default/bound-{i}", f"uid-bound-{i}", placed, lambda _, gpu=gpu: (gpu,))
     for i, (base, offset, halves, place) in enumerate(pods):
         units = base + offset * (base // 100) // 100  # within the class of ``base``
-        body: dict[str, Any] = pod_body(f"pod-{i}", gpu_mem=units, cpu=f"{halves * 500}m")
-        body["metadata"] |= {"uid": f"uid-{i}", "resourceVersion": "1"}
-        args = parse_extender_args(orjson.dumps({"Pod": body, "NodeNames": names}))
-        chosen = verbs.filter(args)["NodeNames"]
-        request = cache.resolve(parse_request(args.pod))
-        fresh = choose_node(cache.snapshot(names), replace(request, memory_mib=0), book.for_request(request),
-                            cache.tie_seed)
-        assert chosen == ([] if fresh is None else [fresh[0].name]), (i, units, request.cpu_milli)
-        if place and chosen:
-            pod_policy = book.for_request(request)
-
-            def gpus(node: Node) -> tuple[int, ...] | None:
-                candidate = book.evaluate(pod_policy, node, request)  # noqa: B023 (called at once, in this pass)
-                return None if candidate is None else candidate.gpus
-
-            cache.reserve(chosen[0], args.pod.key, args.pod.uid, request, gpus)
-            verbs.catch_up()
+        filter_as_fresh_scores_would(cache, verbs, book, names, f"pod-{i}", units, halves * 500, place)
