@@ -128,8 +128,8 @@ class Bracket:
 
 def _bound(tables: Sequence[dict[int, Any]], state: int, tightest: Callable[[list[Any]], Any] | None) -> Any:
     """A bound on ``state``'s score from the scores ``tables`` hold for it (nearest request first): the first, where
-    the nearest request is the tightest bound (requests that differ only in CPU), else the ``tightest`` of them
-    (``min`` for a ceiling, ``max`` for a floor); ``_UNKNOWN`` if none."""
+    the nearest request is the tightest bound (``tightest`` None: all of the pod's share), else the ``tightest`` of
+    them (``min`` for a ceiling, ``max`` for a floor); ``_UNKNOWN`` if none."""
     if tightest is None:
         for table in tables:
             score = table.get(state)
@@ -140,12 +140,21 @@ def _bound(tables: Sequence[dict[int, Any]], state: int, tightest: Callable[[lis
     return tightest(found) if found else _UNKNOWN
 
 
+Side = tuple[list[dict[int, Any]], Callable[[list[Any]], Any] | None]
+"""The answer tables of one side of a request (``ClusterCache._bracketing``), nearest first, and how ``_bound`` takes
+the side's bound from them."""
+
+
 def _live(tables: Mapping[Hashable, dict[int, Any]], keys: Sequence[Hashable], points: Sequence[tuple[int, int]],
-          share: int, order: range, below: bool) -> list[dict[int, Any]]:
+          share: int, order: range, below: bool) -> Side:
     """The answer tables still kept of ``keys``, in ``order``, at most ``BRACKET_PROBES`` of them, of the requests no
     larger in share than ``share`` (``below``) or no smaller (the others, before or after in ``order``, bound nothing):
-    the index keeps the keys of tables evicted until it is pruned, and those are passed over."""
+    the index keeps the keys of tables evicted until it is pruned, and those are passed over. Where all are of
+    ``share``, the nearest is the tightest bound; a request of another share may bound less tightly than a farther
+    one (a smaller CPU and a larger share), and the side's bound is then the tightest of all (``min`` below, ``max``
+    above)."""
     found: list[dict[int, Any]] = []
+    mixed = False
     for n in order:
         other = points[n][1]
         if other > share if below else other < share:
@@ -153,9 +162,10 @@ def _live(tables: Mapping[Hashable, dict[int, Any]], keys: Sequence[Hashable], p
         table = tables.get(keys[n])
         if table is not None:
             found.append(table)
+            mixed = mixed or other != share
             if len(found) == BRACKET_PROBES:
                 break
-    return found
+    return found, ((min if below else max) if mixed else None)
 
 
 def _kept(points: Sequence[tuple[int, int]], keys: Sequence[Hashable], tables: Mapping[Hashable, dict[int, Any]]
@@ -563,11 +573,8 @@ class ClusterCache:
                 missing = still
             ceilings: dict[int, Any] = {}
             if bracket is not None and missing:
-                below, above = self._bracketing(bracket, key)
+                (below, low), (above, high) = self._bracketing(bracket, key)
                 if below or above:
-                    # Requests of other shares may bound a state's score less tightly than farther ones (a smaller
-                    # CPU and a larger share): each side's tightest bound, where shares differ.
-                    low, high = (None, None) if bracket.share == 0 else (min, max)
                     still = []
                     for state in missing:
                         ceiling = _bound(below, state, low)
@@ -588,8 +595,7 @@ class ClusterCache:
                     answers[state] = self._answer(first[state], table, read)
         return states, answers
 
-    def _bracketing(self, bracket: Bracket, key: Hashable
-                    ) -> tuple[list[dict[int, Any]], list[dict[int, Any]]]:
+    def _bracketing(self, bracket: Bracket, key: Hashable) -> tuple[Side, Side]:
         """The answer tables of the ``BRACKET_PROBES`` requests nearest below ``bracket`` (no larger in CPU nor share)
         and above it (no smaller in either) under ``bracket.key``, nearest first; the table of ``key`` (this
         request's) joins the index if new."""
