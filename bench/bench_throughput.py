@@ -134,6 +134,7 @@ class Row:
     loop_cpu_ms_per_pod: float
     api_cpu_ms_per_pod: float
     nodes_checked: float  # the nodes the loop's own checks went through per cycle, on average
+    connections: float | None = None  # connections the loop opened to the extender, per pod
     full_collections: int | None = None  # the extender's full garbage collections while the row ran
     round: int = 1  # which of ``--rounds`` it ran in
     # Time runnable but waiting for a core, per pod, of the two threads a pod's cycle passes through in turn:
@@ -455,7 +456,7 @@ def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: S
                 null = scheduled("null", "the null extender", url, pid)
             rows.append(Row("null extender: HTTP and the Binding only", null.pods_per_s, null.bound,
                             *loop_figures(null.loop), None, null.extender_cpu_ms, None, null.loop_cpu_ms,
-                            null.api_cpu_ms, nodes_checked(null.loop), round=round_,
+                            null.api_cpu_ms, nodes_checked(null.loop), connections(null), round=round_,
                             loop_wait_ms=null.loop_wait_ms, extender_wait_ms=null.extender_wait_ms))
             delete_pods(kube, core)
             for policy, choice in runs:
@@ -468,7 +469,7 @@ def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: S
                     answered_ms, full_after = extender_figures(url)
                 rows.append(Row(what, run.pods_per_s, run.bound, *loop_figures(run.loop), answered_ms,
                                 run.extender_cpu_ms, rss, run.loop_cpu_ms, run.api_cpu_ms, nodes_checked(run.loop),
-                                full_after - full_before, round=round_, loop_wait_ms=run.loop_wait_ms,
+                                connections(run), full_after - full_before, round=round_, loop_wait_ms=run.loop_wait_ms,
                                 extender_wait_ms=run.extender_wait_ms))
                 delete_pods(kube, core)
             rows.append(floor("floor-again", "floor again", round_))
@@ -486,6 +487,11 @@ def nodes_checked(loop: SchedulerLoop) -> float:
     """The nodes the loop's own checks went through per cycle, on average (``LoopStats.nodes_checked``)."""
     checked = loop.stats.nodes_checked
     return statistics.mean(checked) if checked else 0.0
+
+
+def connections(run: Run) -> float:
+    """The connections the loop opened to the extender per pod bound (``SchedulerLoop.extender_connections``)."""
+    return run.loop.extender_connections() / max(run.bound, 1)
 
 
 def ratios(rows: Sequence[Row]) -> list[float]:
@@ -517,11 +523,13 @@ def table(rows: Sequence[Row]) -> str:
                      "-" if row.rss_mib is None else f"{row.rss_mib:.0f}",
                      "-" if row.full_collections is None else str(row.full_collections),
                      f"{row.loop_cpu_ms_per_pod:.2f}", f"{row.nodes_checked:.0f}", f"{row.api_cpu_ms_per_pod:.2f}",
-                     f"{_ms(row.loop_wait_ms)} / {_ms(row.extender_wait_ms)}"])
+                     f"{_ms(row.loop_wait_ms)} / {_ms(row.extender_wait_ms)}",
+                     "-" if row.connections is None else f"{row.connections:.2f}"])
     headers = ["setup", "pods/s", "x floor", "bound", "filter+prioritize ms (median / p99)", "bind p99 ms",
                "filter handler ms (mean)", "extender CPU ms/pod", "extender RSS MiB", "extender full GCs",
                "loop CPU ms/pod", "loop nodes checked per cycle", "API server CPU ms/pod",
-               "waiting for a core ms/pod (loop's cycle / extender's event loop)"]
+               "waiting for a core ms/pod (loop's cycle / extender's event loop)",
+               "connections opened to the extender per pod"]
     return tabulate(body, headers=headers, tablefmt="github")
 
 

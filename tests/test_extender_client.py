@@ -1,5 +1,6 @@
-"""The scheduler loop's client for the extender: kept-alive connections per thread, reopened when the server
-closed them, and failures as exceptions the loop turns into kube-scheduler's error sentences."""
+"""The scheduler loop's client for the extender: kept-alive connections pooled as Go's client pools them (two idle
+at most), reopened when the server closed them, and failures as exceptions the loop turns into kube-scheduler's
+error sentences."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import http.client
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -42,12 +44,15 @@ class Echo(BaseHTTPRequestHandler):
 
 
 class Server(ThreadingHTTPServer):
-    """Tells when it has closed a connection."""
+    """Tells when it has closed a connection, and counts them."""
 
     closed = threading.Event()
+    closes = 0
 
     def shutdown_request(self, request: Any) -> None:
         super().shutdown_request(request)
+        with Echo.lock:
+            Server.closes += 1
         self.closed.set()
 
 
@@ -55,6 +60,7 @@ class Server(ThreadingHTTPServer):
 def server() -> Iterator[str]:
     Echo.connections.clear()
     Server.closed.clear()
+    Server.closes = 0
     httpd = Server(("127.0.0.1", 0), Echo)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -65,7 +71,7 @@ def server() -> Iterator[str]:
         httpd.server_close()
 
 
-def test_a_thread_keeps_its_connection_and_reopens_one_the_server_closed(server: str) -> None:
+def test_calls_one_after_another_keep_one_connection_and_reopen_one_the_server_closed(server: str) -> None:
     extender = ExtenderClient(server, timeout_s=5)
     try:
         assert extender.post("filter", b"{}") == (200, b"/gpushare-scheduler/filter {}")
@@ -76,11 +82,14 @@ def test_a_thread_keeps_its_connection_and_reopens_one_the_server_closed(server:
         # The server closed it without saying so: the next call notices before sending, and opens another.
         assert extender.post("bind", b"{}") == (200, b"/gpushare-scheduler/bind {}")
         assert len(Echo.connections) == 2
+        assert extender.opened == 2
     finally:
         extender.close()
 
 
-def test_threads_do_not_share_a_connection(server: str) -> None:
+def test_calls_in_flight_together_each_have_a_connection_and_two_stay_open_after(server: str) -> None:
+    """As kube-scheduler's Go client: binds in flight beside a filter open connections, and all but two idle ones
+    are closed as they come back, so the extender accepts a connection for each call past two in flight."""
     extender = ExtenderClient(server, timeout_s=5)
     barrier = threading.Barrier(4)
 
@@ -92,7 +101,16 @@ def test_threads_do_not_share_a_connection(server: str) -> None:
         with ThreadPoolExecutor(4) as pool:
             answers = list(pool.map(call, range(4)))
         assert answers == [(200, f"/gpushare-scheduler/bind {i}".encode()) for i in range(4)]
-        assert len(Echo.connections) == 4
+        assert len(Echo.connections) == extender.opened == 4
+        deadline = time.monotonic() + 5
+        while Server.closes < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert Server.closes == 2
+        # The two kept serve the next calls, one after another: no connection is opened for them.
+        for verb in ("filter", "bind", "filter"):
+            assert extender.post(verb, b"{}")[0] == 200
+        assert len(Echo.connections) == extender.opened == 4
+        assert Server.closes == 2
     finally:
         extender.close()
 

@@ -695,6 +695,10 @@ class SchedulerLoop:
         with self._lock:
             return len(self._bound) - len(self._binding)
 
+    def extender_connections(self) -> int:
+        """Connections opened to the extender so far: kube-scheduler's client keeps two idle (``ExtenderClient``)."""
+        return 0 if self._extender is None else self._extender.opened
+
     def wait_for_events(self) -> None:
         """Return once every Event recorded so far has been written (tests read them back)."""
         self._events.submit(lambda: None).result()
