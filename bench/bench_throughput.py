@@ -5,6 +5,7 @@
                                                [--data ../shared/data/openb] [--trace default|FILE.csv]
                                                [--seed 42] [--host-requests fixed|trace]
                                                [--fleet uniform|openb] [--scrape-interval 15] [--rounds 1]
+                                               [--transports http,mtls-ecdsa,mtls-rsa]
 
 For each cluster size a local API server holds ``--nodes`` nodes. With ``--fleet uniform`` (the default) each has
 8 x 16 GiB GPUs, 96 CPUs and 768 GiB. ``--pods`` pending pods are created first, their GPU shapes drawn from an
@@ -31,7 +32,13 @@ rotating start, prioritize when more than one node passed, binds in the backgrou
   policy's row is the extender's own work;
 * **one row per policy and node choice** (``--node-choices``): the extender as its own process over HTTP, with
   ``--node-choice filter`` (filter passes only the policy's favourite, so the loop skips prioritize) or
-  ``prioritize`` (filter passes every node that fits, prioritize ranks them).
+  ``prioritize`` (filter passes every node that fits, prioritize ranks them); and per transport
+  (``--transports``): plain HTTP (the default), or mutual TLS as the chart's ``extender.tls`` serves it, with
+  ECDSA P-256 or RSA 2048 keys (what cert-manager and kubeadm issue unless told otherwise) for the CA, the
+  extender's certificate and the loop's client certificate. kube-scheduler's Go client resumes no TLS session,
+  and neither does the loop: every connection it opens is a full handshake, which the extender's CPU a pod and
+  the connections opened a pod show. Its /metrics is then scraped on the plain health port, as the chart's
+  Prometheus annotations have it.
 
 The API server, the scheduler loop and the extender are three processes, as kube-apiserver, kube-scheduler and
 the extender are: with the API server in the loop's process, the loop waited for the GIL while the API server
@@ -65,6 +72,7 @@ import os
 import random
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -74,6 +82,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from itertools import cycle, islice
 from pathlib import Path
 from typing import Any
@@ -84,13 +93,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from tabulate import tabulate
 
 from bench import openb
-from bench.replay_http import advertise_in_unit, wait_for_url
+from bench.replay_http import advertise_in_unit, wait_for_urls
 from extender.config import NodeChoice
 from gpushare.clusterspec import ClusterSpec, GPUSpec, NodeSpec
 from gpushare.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, RESOURCE_GPU_MEM, MemoryUnit
 from gpushare.kube.api import Kube
 from gpushare.kube.client import load_configuration
 from gpushare.localcluster import LocalCluster
+from gpushare.localcluster.pki import Issued, KeyKind, issue, make_ca
 from gpushare.localcluster.scheduler import SCHEDULING_THREAD, SchedulerLoop
 from gpushare.policies import DEFAULT_POLICY, policy_names
 
@@ -105,6 +115,62 @@ RATE_SHARE = 0.99
 # switch interval for the GIL behind its own bind and watch threads, a wait the extender's latency would be charged
 # with (measured: the loop-side p99 minus the extender's own answer time fell from 6.0-7.5 ms to 3.0-4.2 ms).
 DRIVER_SWITCH_INTERVAL_S = 0.0005
+
+
+
+
+class Transport(StrEnum):
+    """How the loop reaches the extender (``--transports``)."""
+
+    HTTP = "http"
+    MTLS_ECDSA = "mtls-ecdsa"
+    MTLS_RSA = "mtls-rsa"
+
+    @property
+    def key(self) -> KeyKind | None:
+        return {Transport.MTLS_ECDSA: KeyKind.ECDSA, Transport.MTLS_RSA: KeyKind.RSA}.get(self)
+
+    @property
+    def label(self) -> str:
+        """What a row's setup says of it; nothing for plain HTTP."""
+        keys = {KeyKind.ECDSA: "ECDSA P-256", KeyKind.RSA: "RSA 2048"}
+        return "" if self.key is None else f", mutual TLS ({keys[self.key]})"
+
+
+def parse_transports(value: str) -> list[Transport]:
+    """``--transports``, comma-separated; argparse reports what is wrong with it."""
+    try:
+        return [Transport(t) for t in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a comma-separated list of {', '.join(Transport)}, "
+                                         f"not {value!r}") from None
+
+
+@dataclass(frozen=True)
+class MutualTLS:
+    """A CA, the extender's serving certificate and the loop's client certificate, as the chart's Secrets hold
+    them."""
+
+    ca: Issued
+    server: Issued
+    scheduler: Issued
+
+    @classmethod
+    def make(cls, folder: Path, key: KeyKind) -> MutualTLS:
+        folder.mkdir(parents=True, exist_ok=True)
+        ca = make_ca(folder, "gpushare-ca", key)
+        return cls(ca, issue(ca, folder, "extender", 1, True, key), issue(ca, folder, "kube-scheduler", 2, False, key))
+
+    def extender_flags(self) -> list[str]:
+        # The health port stays plain HTTP, as the chart's probes and Prometheus scrape it.
+        return ["--tls-cert", str(self.server.cert), "--tls-key", str(self.server.key),
+                "--tls-client-ca", str(self.ca.cert), "--health-port", "0"]
+
+    def loop_context(self) -> ssl.SSLContext:
+        """kube-scheduler's tlsConfig: trusts the CA, presents its client certificate."""
+        context = ssl.create_default_context(cafile=str(self.ca.cert))
+        context.load_cert_chain(self.scheduler.cert, self.scheduler.key)
+        return context
 
 
 # What each pod requests besides its GPUs when ``--host-requests fixed`` (the default).
@@ -210,8 +276,8 @@ def bound_count(kube: Kube) -> int:
     return sum(1 for p in kube.pods.list() if (p.get("spec") or {}).get("nodeName"))
 
 
-def run_loop(api: client.ApiClient, url: str | None, pods: int, seed: int, what: str
-             ) -> tuple[float, int, SchedulerLoop, float | None]:
+def run_loop(api: client.ApiClient, url: str | None, pods: int, seed: int, what: str,
+             tls: ssl.SSLContext | None = None) -> tuple[float, int, SchedulerLoop, float | None]:
     """Start the loop over pods that already exist; the seconds until ``RATE_SHARE`` of them were bound, how many
     were bound by then, and the seconds its scheduling thread waited for a core over the whole run.
 
@@ -220,7 +286,7 @@ def run_loop(api: client.ApiClient, url: str | None, pods: int, seed: int, what:
     10 s: the rate is the pace of the first ``RATE_SHARE``, for every row alike, so that a stall of the last
     few does not set it. After 30 s without a bind the run ends.
     """
-    loop = SchedulerLoop(api, url, seed=seed)
+    loop = SchedulerLoop(api, url, seed=seed, tls=tls)
     target = math.ceil(RATE_SHARE * pods)
     started = time.perf_counter()
     loop.start()
@@ -321,19 +387,24 @@ def child(command: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 
 @contextmanager
-def extender(kubeconfig: Path, policy: str, choice: str, seed: int, fleet: str, log: Path
-             ) -> Iterator[tuple[str, int]]:
+def extender(kubeconfig: Path, policy: str, choice: str, seed: int, fleet: str, log: Path,
+             tls: MutualTLS | None = None) -> Iterator[tuple[str, str, int]]:
+    """The extender as a process, once it has listed the cluster: the URL of its verbs' listener, that of its
+    /readyz and /metrics (the same without ``tls``), and its pid."""
     command = [sys.executable, "-m", "extender", "--host", "127.0.0.1", "--port", "0", "--policy", policy,
                "--node-choice", choice, "--tie-seed", str(seed), "--kubeconfig", str(kubeconfig),
-               "--unit", (MemoryUnit.MiB if fleet == "openb" else MemoryUnit.GiB).value]
+               "--unit", (MemoryUnit.MiB if fleet == "openb" else MemoryUnit.GiB).value,
+               *(tls.extender_flags() if tls is not None else ())]
     with child(command, log) as process:
-        url = wait_for_url(process, log)
+        urls = wait_for_urls(process, log, 1 if tls is None else 2)
+        url = next(u for u in urls if u.startswith("https://")) if tls is not None else urls[0]
+        health = next(u for u in urls if u.startswith("http://"))
         deadline = time.monotonic() + START_TIMEOUT_S
-        while httpx.get(url + "/readyz", timeout=5).status_code != 200:
+        while httpx.get(health + "/readyz", timeout=5).status_code != 200:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"The extender did not list the cluster within {START_TIMEOUT_S:.0f} s; see {log}.")
             time.sleep(0.2)
-        yield url, process.pid
+        yield url, health, process.pid
 
 
 @contextmanager
@@ -406,11 +477,13 @@ class Run:
     extender_wait_ms: float | None
 
 
-def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: Sequence[tuple[str, str]], seed: int,
-            workdir: Path, scrape_interval_s: float, rounds: int = 1) -> list[Row]:
-    """The floor, then ``rounds`` times: the null extender, one row per (policy, node choice) of ``runs``, the floor
-    again."""
+def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: Sequence[tuple[str, str, Transport]],
+            seed: int, workdir: Path, scrape_interval_s: float, rounds: int = 1) -> list[Row]:
+    """The floor, then ``rounds`` times: the null extender, one row per (policy, node choice, transport) of
+    ``runs``, the floor again."""
     rows = []
+    certificates = {transport: MutualTLS.make(workdir / f"tls-{transport.key}", transport.key)
+                    for *_, transport in runs if transport.key is not None}
     progress(f"{nodes} nodes: starting the local API server")
     with api_server(nodes, fleet, data, workdir) as (kubeconfig, api_pid):
         configuration = load_configuration(kubeconfig)
@@ -419,7 +492,7 @@ def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: S
         kube = Kube.from_api_client(api)
 
         def scheduled(prefix: str, what: str, url: str | None, extender_pid: int | None,
-                      metrics_url: str | None = None) -> Run:
+                      metrics_url: str | None = None, tls: ssl.SSLContext | None = None) -> Run:
             """Create the pods, let the loop schedule them (through ``url``, if given, scraping ``metrics_url``
             meanwhile), and count."""
             progress(f"{nodes} nodes: {what}, creating {len(shapes)} pods")
@@ -430,7 +503,7 @@ def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: S
             loop_before, api_before = time.process_time(), proc_cpu_s(api_pid)
             with scraping(metrics_url, scrape_interval_s):
                 seconds, counted, loop, loop_wait_s = run_loop(client.ApiClient(configuration), url, len(shapes),
-                                                               seed, what)
+                                                               seed, what, tls)
             loop_s, api_s = time.process_time() - loop_before, proc_cpu_s(api_pid) - api_before
             extender_s = proc_cpu_s(extender_pid) - extender_before if extender_pid is not None else None
             extender_wait_after = thread_wait_s(extender_pid, extender_pid) if extender_pid is not None else None
@@ -459,14 +532,16 @@ def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: S
                             null.api_cpu_ms, nodes_checked(null.loop), connections(null), round=round_,
                             loop_wait_ms=null.loop_wait_ms, extender_wait_ms=null.extender_wait_ms))
             delete_pods(kube, core)
-            for policy, choice in runs:
-                what = f"{policy}, chosen in {choice}"
-                log = workdir / f"extender-{nodes}-{policy}-{choice}.log"
-                with extender(kubeconfig, policy, choice, seed, fleet, log) as (url, pid):
-                    _, full_before = extender_figures(url)
-                    run = scheduled(f"{policy}-{choice}", what, url + "/gpushare-scheduler", pid, url + "/metrics")
+            for policy, choice, transport in runs:
+                what = f"{policy}, chosen in {choice}{transport.label}"
+                log = workdir / f"extender-{nodes}-{policy}-{choice}-{transport}.log"
+                tls = certificates.get(transport)
+                with extender(kubeconfig, policy, choice, seed, fleet, log, tls) as (url, health, pid):
+                    _, full_before = extender_figures(health)
+                    run = scheduled(f"{policy}-{choice}-{transport}", what, url + "/gpushare-scheduler", pid,
+                                    health + "/metrics", tls.loop_context() if tls is not None else None)
                     rss = proc_rss_mib(pid)
-                    answered_ms, full_after = extender_figures(url)
+                    answered_ms, full_after = extender_figures(health)
                 rows.append(Row(what, run.pods_per_s, run.bound, *loop_figures(run.loop), answered_ms,
                                 run.extender_cpu_ms, rss, run.loop_cpu_ms, run.api_cpu_ms, nodes_checked(run.loop),
                                 connections(run), full_after - full_before, round=round_, loop_wait_ms=run.loop_wait_ms,
@@ -578,6 +653,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the null extender's and the policies' rows this many times, each round followed by "
                              "the floor again, and summarise each setup's ratios over the rounds (default 1)")
+    parser.add_argument("--transports", type=parse_transports, default=[Transport.HTTP],
+                        help=f"comma-separated, how the loop reaches each policy's extender: "
+                             f"{', '.join(Transport)} (default {Transport.HTTP.value})")
     parser.add_argument("--serve-cluster", type=int, metavar="NODES", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -592,7 +670,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     policies = list(policy_names()) if args.policies == "all" else args.policies.split(",")
     policies.sort(key=lambda p: p != DEFAULT_POLICY)
-    runs = [(policy, NodeChoice(choice).value) for policy in policies for choice in args.node_choices.split(",")]
+    runs = [(policy, NodeChoice(choice).value, transport) for policy in policies
+            for choice in args.node_choices.split(",") for transport in args.transports]
     sys.setswitchinterval(DRIVER_SWITCH_INTERVAL_S)
     shapes = trace_shapes(args.data, args.trace, args.pods, args.seed, args.host_requests == "trace", args.fleet)
     described = (f"nodes of openb's fleet, repeated ({len(openb.load_nodes(args.data))} nodes)"

@@ -145,7 +145,7 @@ def extender_process(kubeconfig: Path, seed_file: Path | None, policy: str, seed
     with log_file.open("w") as log:
         process = subprocess.Popen(command, stderr=log, cwd=openb.REPO_ROOT)
     try:
-        url = wait_for_url(process, log_file)
+        [url] = wait_for_urls(process, log_file)
         deadline = time.monotonic() + START_TIMEOUT_S
         while httpx.get(url + "/readyz").status_code != 200:
             if time.monotonic() > deadline:
@@ -161,13 +161,18 @@ def extender_process(kubeconfig: Path, seed_file: Path | None, policy: str, seed
             process.wait()
 
 
-def wait_for_url(process: subprocess.Popen[bytes], log_file: Path) -> str:
+def wait_for_urls(process: subprocess.Popen[bytes], log_file: Path, count: int = 1) -> list[str]:
+    """The URLs of the extender's ``count`` listeners (the verbs', and a health port's if it was given one), from
+    its log, once it serves them all."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
+        urls = []
         for line in log_file.read_text().splitlines():
             message = str(orjson.loads(line).get("msg", "")) if line.startswith("{") else ""
             if message.startswith("Uvicorn running on "):
-                return message.split()[3]
+                urls.append(message.split()[3])
+        if len(urls) >= count:
+            return urls
         if process.poll() is not None:
             raise RuntimeError(f"The extender exited with status {process.returncode}: "
                                f"{log_file.read_text().strip()}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -85,6 +86,31 @@ def test_each_row_is_measured_against_the_floors_just_before_and_after_it() -> N
     cells = [cell.strip() for cell in text.splitlines()[-1].strip("|").split("|")]
     assert cells[:3] == ["fgd-scarcity", "3", "320"] and float(cells[3]) == 0.8 and cells[4] == "0.80-1.06"
     assert "fgd-scarcity (round 2)" in table(three) and "(round" not in table(one)
+
+
+def test_an_unknown_transport_is_refused_with_the_ones_there_are(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--transports", "http,tls"])
+    assert exited.value.code == 2
+    assert ("argument --transports: takes a comma-separated list of http, mtls-ecdsa, mtls-rsa, not 'http,tls'"
+            in capsys.readouterr().err)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for certificates")
+def test_every_row_binds_every_pod_and_over_mutual_tls_the_loop_presents_its_certificate(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The whole benchmark, small: three processes, plain HTTP and mutual TLS rows, the table they print.
+    write_pods(tmp_path, "default", [(1000, 2048, 1, 250, ""), (1000, 2048, 1, 1000, ""), (1000, 2048, 2, 1000, "")])
+    assert main(["--nodes", "3", "--pods", "12", "--policies", "binpack", "--transports", "http,mtls-ecdsa",
+                 "--data", str(tmp_path), "--scrape-interval", "0"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    rows = {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[1:])}
+    assert list(rows) == ["floor: no extender", "null extender: HTTP and the Binding only", "binpack, chosen in filter",
+                          "binpack, chosen in filter, mutual TLS (ECDSA P-256)", "floor again: no extender"]
+    assert all(cells[3] == "12" for cells in rows.values())  # bound
+    # The extender's rows measured its CPU and the connections the loop opened (at least one each).
+    for setup in ("binpack, chosen in filter", "binpack, chosen in filter, mutual TLS (ECDSA P-256)"):
+        assert float(rows[setup][7]) > 0 and float(rows[setup][-1]) > 0
 
 
 def test_fewer_than_one_round_is_refused_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:

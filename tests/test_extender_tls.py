@@ -28,43 +28,13 @@ from kubernetes import client
 from test_extender_harness import T4, T4_MIB, create_pod, gpu_node, pod_body, spec, wait_for
 
 from gpushare.localcluster import LocalCluster
+from gpushare.localcluster.pki import Issued, issue, make_ca
 from gpushare.localcluster.scheduler import SchedulerLoop
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for certificates")
 
 PREFIX = "/gpushare-scheduler"
 VERBS = ["filter", "prioritize", "bind", "preempt"]
-
-
-def _openssl(*args: str | Path) -> None:
-    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
-
-
-@dataclass(frozen=True)
-class Issued:
-    cert: Path
-    key: Path
-
-
-def make_ca(folder: Path, name: str) -> Issued:
-    ca = Issued(folder / f"{name}.crt", folder / f"{name}.key")
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1",
-             "-keyout", ca.key, "-out", ca.cert, "-subj", f"/CN={name}")
-    return ca
-
-
-def issue(ca: Issued, folder: Path, name: str, serial: int, server: bool) -> Issued:
-    """A leaf certificate from ``ca``; a server one names 127.0.0.1, where the tests dial."""
-    leaf = Issued(folder / f"{name}.crt", folder / f"{name}.key")
-    request, extensions = folder / f"{name}.csr", folder / f"{name}.ext"
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", leaf.key,
-             "-out", request, "-subj", f"/CN={name}")
-    extensions.write_text("subjectAltName=IP:127.0.0.1\n" if server else "basicConstraints=CA:FALSE\n")
-    _openssl("x509", "-req", "-in", request, "-CA", ca.cert, "-CAkey", ca.key, "-set_serial", str(serial),
-             "-days", "1", "-out", leaf.cert, "-extfile", extensions)
-    request.unlink()
-    extensions.unlink()
-    return leaf
 
 
 @dataclass(frozen=True)
@@ -245,6 +215,21 @@ def served_certificate(port: int, context: ssl.SSLContext) -> tuple[bytes, int]:
         while chunk := tls.recv(65536):
             answer += chunk
     return certificate, int(answer.split(b" ", 2)[1])
+
+
+def test_no_session_ticket_is_issued_since_kube_scheduler_never_resumes_a_session(cluster: LocalCluster, pki: Pki,
+                                                                                   tmp_path: Path) -> None:
+    with extender(cluster, tmp_path, "--port", "0", "--health-port", "0", "--tls-cert", pki.server.cert,
+                  "--tls-key", pki.server.key, "--tls-client-ca", pki.ca.cert) as ext:
+        port = int(ext.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
+                pki.client(pki.scheduler).wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            tls.sendall(b"GET /version HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := tls.recv(65536):  # a TLS 1.3 server sends its tickets before the answer
+                answer += chunk
+            assert tls.version() == "TLSv1.3" and answer.startswith(b"HTTP/1.1 200 ")
+            assert tls.session is not None and not tls.session.has_ticket
 
 
 def test_a_renewed_certificate_is_served_on_the_next_connection(cluster: LocalCluster, pki: Pki,
