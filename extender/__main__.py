@@ -24,6 +24,13 @@ log = logging.getLogger("extender")
 # leader election's calls, and a gang's reads of its PodGroup.
 OTHER_CONNECTIONS = 8
 
+# kube-scheduler's extender client closes a connection idle for 90 s (client-go's transport defaults take Go's
+# DefaultTransport.IdleConnTimeout); uvicorn's own default closes one after 5 s. The client must be the one to
+# close: a server's close that crosses a filter or bind being written fails it (Go retries a POST only when none
+# of it was written), which sends the pod to backoff, and over HTTPS every pod after a quiet spell of 5 to 90 s
+# would pay a full handshake on kube-scheduler's serial path (docs/extender.md, "Mutual TLS and connections").
+KEEP_ALIVE_S = 120
+
 
 def main(argv: Sequence[str] | None = None) -> None:
     try:
@@ -57,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "--tls-key) so that only kube-scheduler's client certificate is accepted (docs/install.md)")
     app = create_app(config, kube)
     main_server = uvicorn.Server(uvicorn.Config(
-        app, host=config.host, port=config.port, log_config=None, access_log=False,
+        app, host=config.host, port=config.port, log_config=None, access_log=False, timeout_keep_alive=KEEP_ALIVE_S,
         # Called once, at start; the context then follows the files itself (extender/tls.py).
         ssl_context_factory=(lambda _config, _default: tls.context) if tls is not None else None))
     health_server = None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -11,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -65,6 +68,28 @@ def test_serves_with_json_logs(kubeconfig: str) -> None:
     # The lock installs uvloop wherever the tests run (not on Windows), and the extender serves on it.
     assert started["event_loop"] == "uvloop"
     assert all("color_message" not in entry for entry in logs)
+
+
+def test_an_idle_connection_stays_open_past_uvicorns_default_so_kube_scheduler_is_the_one_to_close_it(
+        kubeconfig: str) -> None:
+    """kube-scheduler keeps an idle connection 90 s: a server that closed it first could cross a POST being sent."""
+    with extender_process("--kubeconfig", kubeconfig, "--port", "0") as (url, _):
+        wait_ready(url)
+        parts = urlsplit(url)
+        assert parts.hostname is not None
+        connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=5)
+        try:
+            connection.request("GET", "/version")
+            first = connection.getresponse()
+            first.read()
+            assert first.status == 200 and not first.will_close
+            kept = connection.sock
+            time.sleep(6.5)  # past uvicorn's default keep-alive of 5 s
+            assert select.select([kept], [], [], 0)[0] == [], "the extender closed an idle connection"
+            connection.request("GET", "/version")
+            assert connection.getresponse().status == 200 and connection.sock is kept
+        finally:
+            connection.close()
 
 
 def test_serves_on_asyncio_where_uvloop_does_not_import(kubeconfig: str, tmp_path: Path) -> None:

@@ -131,7 +131,8 @@ def _closed_by_server(connection: _OneWrite) -> bool:
     """Whether an idle kept-alive connection was closed by the server (it reads as ready: end of file).
 
     A POST is not retried on a failure, since the extender may have acted on it; so a connection the server
-    closed while idle (uvicorn closes them after 5 s) must be noticed before it is used, as urllib3 does.
+    closed while idle (the extender keeps them 120 s, an HTTP server at its defaults far less) must be noticed
+    before it is used, as urllib3 does and as Go's transport does (its read loop sees the end of file).
     """
     if connection.sock is None:
         return False  # not connected yet: ``request`` connects
