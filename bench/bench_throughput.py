@@ -117,8 +117,6 @@ RATE_SHARE = 0.99
 DRIVER_SWITCH_INTERVAL_S = 0.0005
 
 
-
-
 class Transport(StrEnum):
     """How the loop reaches the extender (``--transports``)."""
 
