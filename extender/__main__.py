@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         log.warning("INSECURE: the extender accepts filter, prioritize, bind and inspect from anyone who can reach "
                     "it, and a bind moves any pending pod onto any node; give --tls-client-ca (with --tls-cert and "
                     "--tls-key) so that only kube-scheduler's client certificate is accepted (docs/install.md)")
-    app = create_app(config, kube)
+    app = create_app(config, kube, tls.refusals if tls is not None else None)
     main_server = uvicorn.Server(uvicorn.Config(
         app, host=config.host, port=config.port, log_config=None, access_log=False, timeout_keep_alive=KEEP_ALIVE_S,
         # Called once, at start; the context then follows the files itself (extender/tls.py).

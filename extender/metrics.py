@@ -10,9 +10,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram, PlatformCollector, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from extender.tls import Refusals
 from gpushare.cache.state import ClusterCache
 from gpushare.model import Node
 
@@ -73,6 +74,20 @@ class _ClusterCollector(Collector):
                                 "--leader-elect), else 0.", value=1 if self._is_leader() else 0)
 
 
+class _RefusalCollector(Collector):
+    """The TLS listener's refused handshakes, read at scrape time from the event loop's tally."""
+
+    def __init__(self, refusals: Refusals) -> None:
+        self._refusals = refusals
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("gpushare_extender_tls_refused_handshakes",
+                                     "TLS handshakes the extender's listener refused, by reason.", labels=["reason"])
+        for refusal, count in self._refusals.counts.items():
+            family.add_metric([refusal.value], count)
+        yield family
+
+
 _TOTALS_KEY = "metrics: GPU totals per model"
 
 
@@ -92,7 +107,8 @@ def _gpu_totals(node: Node) -> dict[str, tuple[int, int, int, int]]:
 class ExtenderMetrics:
     """One registry per app, so several extenders can live in one process (tests, benchmarks)."""
 
-    def __init__(self, cache: ClusterCache, is_leader: Callable[[], bool], registry: CollectorRegistry) -> None:
+    def __init__(self, cache: ClusterCache, is_leader: Callable[[], bool], registry: CollectorRegistry,
+                 tls_refusals: Refusals | None = None) -> None:
         self.registry = registry
         self.requests = Counter("gpushare_extender_requests", "Extender requests by verb and HTTP status.",
                                 ["verb", "code"], registry=self.registry)
@@ -111,6 +127,8 @@ class ExtenderMetrics:
         self._first_filter: OrderedDict[str, float] = OrderedDict()
         self._waiting_lock = threading.Lock()
         self.registry.register(_ClusterCollector(cache, is_leader))
+        if tls_refusals is not None:
+            self.registry.register(_RefusalCollector(tls_refusals))
         # What every Python exporter shows on the default registry: the process's CPU, memory and open files, and
         # the garbage collector's runs per generation (a full collection pauses every request in flight).
         ProcessCollector(registry=self.registry)

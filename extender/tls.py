@@ -13,9 +13,102 @@ from __future__ import annotations
 import logging
 import os
 import ssl
+import time
+from enum import StrEnum
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+# A refused handshake is logged at most this often per reason, with how many were refused since: a scanner or a
+# kube-scheduler with the wrong certificate retrying every pod must not flood the log.
+REFUSAL_LOG_INTERVAL_S = 60.0
+_DETAIL_CHARS = 160
+
+
+class Refusal(StrEnum):
+    """Why the listener refused a TLS handshake (the ``reason`` of ``gpushare_extender_tls_refused_handshakes``)."""
+
+    PLAIN_HTTP = "plain_http"
+    NO_CLIENT_CERTIFICATE = "no_client_certificate"
+    CLIENT_CERTIFICATE = "client_certificate"
+    SERVER_CERTIFICATE = "server_certificate"
+    OTHER = "other"
+
+    @classmethod
+    def of(cls, exc: ssl.SSLError) -> Refusal:
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return cls.CLIENT_CERTIFICATE
+        reason = exc.reason or ""
+        if reason == "HTTP_REQUEST":
+            return cls.PLAIN_HTTP
+        if reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE":
+            return cls.NO_CLIENT_CERTIFICATE
+        # The client's alert when it does not trust the extender's certificate: Go sends "bad certificate",
+        # OpenSSL "unknown ca", others "certificate unknown" or "certificate expired".
+        if "ALERT" in reason and ("CERTIFICATE" in reason or "UNKNOWN_CA" in reason):
+            return cls.SERVER_CERTIFICATE
+        return cls.OTHER
+
+
+_ADVICE = {
+    Refusal.PLAIN_HTTP: "refused a client that spoke plain HTTP to the HTTPS listener: kube-scheduler's extender "
+                        "entry needs enableHTTPS: true (the chart's scheduler configuration writes it)",
+    Refusal.NO_CLIENT_CERTIFICATE: "refused a TLS client that presented no certificate: kube-scheduler's extender "
+                                   "tlsConfig needs certFile and keyFile, a certificate that --tls-client-ca signed "
+                                   "(the chart's schedulerConfig.tls.clientSecretName)",
+    Refusal.CLIENT_CERTIFICATE: "refused a TLS client's certificate ({detail}): kube-scheduler must present a "
+                                "certificate that the CA in --tls-client-ca signed, valid now",
+    Refusal.SERVER_CERTIFICATE: "a TLS client refused the extender's certificate ({detail}): kube-scheduler's "
+                                "tlsConfig caFile must hold the CA that signed --tls-cert, and the host of its "
+                                "urlPrefix must be a name or address that certificate lists",
+    Refusal.OTHER: "a TLS handshake failed ({detail}): the client may not speak TLS 1.2 or later, or may not be "
+                   "kube-scheduler",
+}
+
+
+class Refusals:
+    """The handshakes the listener refused, counted per reason, each reason logged at most once a minute.
+
+    Without it a refused handshake leaves no trace on the extender's side: the event loop drops the connection
+    and logs nothing, and a kube-scheduler with the wrong certificate fails every GPU pod with only its own
+    log to say why.
+    """
+
+    def __init__(self) -> None:
+        # Every reason from the start, so a scrape (another thread) never sees the dict change size.
+        self.counts = dict.fromkeys(Refusal, 0)
+        self._unlogged = dict.fromkeys(Refusal, 0)
+        self._logged_at: dict[Refusal, float] = {}
+
+    def refused(self, exc: ssl.SSLError) -> None:
+        refusal = Refusal.of(exc)
+        self.counts[refusal] += 1
+        now = time.monotonic()
+        last = self._logged_at.get(refusal)
+        if last is not None and now - last < REFUSAL_LOG_INTERVAL_S:
+            self._unlogged[refusal] += 1
+            return
+        self._logged_at[refusal] = now
+        since, self._unlogged[refusal] = self._unlogged[refusal], 0
+        detail = (getattr(exc, "verify_message", None) or exc.reason or str(exc))[:_DETAIL_CHARS]
+        more = f" ({since} more refused for this reason since the last such line)" if since else ""
+        log.warning("%s%s", _ADVICE[refusal].format(detail=detail), more, extra={"reason": refusal.value})
+
+
+def _observed_by(refusals: Refusals) -> type[ssl.SSLObject]:
+    """The listener's class of TLS connection, which tells ``refusals`` of a handshake that failed."""
+
+    class ObservedSSLObject(ssl.SSLObject):
+        def do_handshake(self) -> None:
+            try:
+                super().do_handshake()
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                raise  # more bytes to come: the handshake goes on
+            except ssl.SSLError as exc:
+                refusals.refused(exc)
+                raise
+
+    return ObservedSSLObject
 
 _Stamp = tuple[tuple[int, int, int, int], ...]
 
@@ -49,6 +142,10 @@ class ServerTLS:
         self._current = self._load()  # an unreadable file at start is the caller's error to report
         self.context = self._load()
         self.context.sni_callback = self._on_client_hello
+        self.refusals = Refusals()
+        # The event loop wraps each accepted connection in the context's ``sslobject_class`` (uvloop's and
+        # asyncio's TLS both do), and the ClientHello's hand-off to ``current()`` keeps the object.
+        self.context.sslobject_class = _observed_by(self.refusals)
 
     @property
     def mutual(self) -> bool:

@@ -27,6 +27,7 @@ import pytest
 from kubernetes import client
 from test_extender_harness import T4, T4_MIB, create_pod, gpu_node, pod_body, spec, wait_for
 
+from extender.tls import Refusal
 from gpushare.localcluster import LocalCluster
 from gpushare.localcluster.pki import Issued, issue, make_ca
 from gpushare.localcluster.scheduler import SchedulerLoop
@@ -230,6 +231,85 @@ def test_no_session_ticket_is_issued_since_kube_scheduler_never_resumes_a_sessio
                 answer += chunk
             assert tls.version() == "TLSv1.3" and answer.startswith(b"HTTP/1.1 200 ")
             assert tls.session is not None and not tls.session.has_ticket
+
+
+def refused_counts(health_url: str) -> dict[str, float]:
+    counts = {}
+    for line in httpx.get(health_url + "/metrics").text.splitlines():
+        if line.startswith("gpushare_extender_tls_refused_handshakes_total{"):
+            labels, value = line.rsplit(" ", 1)
+            counts[labels.split('reason="')[1].split('"')[0]] = float(value)
+    return counts
+
+
+def test_a_refused_handshake_is_counted_by_reason_and_logged_once_a_minute_with_what_to_fix(
+        cluster: LocalCluster, pki: Pki, tmp_path: Path) -> None:
+    """The event loop drops a failed handshake without a word; the operator must still learn why kube-scheduler
+    cannot reach the extender, from the extender's side, without a scanner flooding the log."""
+    with extender(cluster, tmp_path, "--port", "0", "--health-port", "0", "--tls-cert", pki.server.cert,
+                  "--tls-key", pki.server.key, "--tls-client-ca", pki.ca.cert) as ext:
+        port = int(ext.url.rsplit(":", 1)[1])
+        assert refused_counts(ext.health_url) == dict.fromkeys(
+            ["plain_http", "no_client_certificate", "client_certificate", "server_certificate", "other"], 0.0)
+
+        def attempt(context: ssl.SSLContext | None, first_bytes: bytes = b"GET /version HTTP/1.1\r\nHost: x\r\n\r\n"
+                    ) -> bytes:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+                try:
+                    if context is None:
+                        raw.sendall(first_bytes)
+                        return raw.recv(100)
+                    with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                        tls.sendall(first_bytes)
+                        return tls.recv(100)
+                except OSError:  # TLS 1.3 tells a client of its refused certificate only when it reads
+                    return b""
+
+        distrustful = ssl.create_default_context(cafile=str(pki.stranger.cert))  # not the CA that signed the server
+        distrustful.load_cert_chain(pki.scheduler.cert, pki.scheduler.key)
+        assert attempt(None) == b""  # plain HTTP to the HTTPS port
+        assert attempt(None, b"\x16\x00\x00garbage\r\n\r\n") == b""
+        assert attempt(pki.client(None)) == b""
+        for _ in range(3):
+            assert attempt(pki.client(pki.stranger)) == b""
+        assert attempt(distrustful) == b""
+        expected = {"plain_http": 1.0, "no_client_certificate": 1.0, "client_certificate": 3.0,
+                    "server_certificate": 1.0, "other": 1.0}
+        wait_for(lambda: refused_counts(ext.health_url) == expected, "the refusals to be counted", 10)
+        assert attempt(pki.client(pki.scheduler)).startswith(b"HTTP/1.1 200 ")  # and kube-scheduler still gets in
+
+        lines = {str(entry["reason"]): str(entry["msg"]) for entry in ext.logs
+                 if entry.get("logger") == "extender.tls" and "reason" in entry}
+        assert sum(entry.get("logger") == "extender.tls" and "reason" in entry for entry in ext.logs) == 5
+        assert "enableHTTPS: true" in lines["plain_http"]
+        assert "presented no certificate" in lines["no_client_certificate"]
+        assert "(unable to get local issuer certificate)" in lines["client_certificate"]
+        assert "--tls-client-ca" in lines["client_certificate"]
+        assert "(TLSV1_ALERT_UNKNOWN_CA)" in lines["server_certificate"] and "caFile" in lines["server_certificate"]
+        assert "(WRONG_VERSION_NUMBER)" in lines["other"]
+
+
+def ssl_error(reason: str) -> ssl.SSLError:
+    exc = ssl.SSLError(1, f"[SSL: {reason}]")
+    exc.reason = reason
+    return exc
+
+
+@pytest.mark.parametrize(("reason", "refusal"), [
+    ("HTTP_REQUEST", Refusal.PLAIN_HTTP),
+    ("PEER_DID_NOT_RETURN_A_CERTIFICATE", Refusal.NO_CLIENT_CERTIFICATE),
+    ("SSLV3_ALERT_BAD_CERTIFICATE", Refusal.SERVER_CERTIFICATE),  # what Go's crypto/tls sends
+    ("SSLV3_ALERT_CERTIFICATE_UNKNOWN", Refusal.SERVER_CERTIFICATE),
+    ("TLSV1_ALERT_UNKNOWN_CA", Refusal.SERVER_CERTIFICATE),
+    ("UNSUPPORTED_PROTOCOL", Refusal.OTHER),
+    ("SSLV3_ALERT_HANDSHAKE_FAILURE", Refusal.OTHER),
+])
+def test_each_openssl_reason_is_told_apart(reason: str, refusal: Refusal) -> None:
+    assert Refusal.of(ssl_error(reason)) is refusal
+
+
+def test_a_refused_client_certificate_is_told_apart_by_its_class() -> None:
+    assert Refusal.of(ssl.SSLCertVerificationError(1, "certificate verify failed")) is Refusal.CLIENT_CERTIFICATE
 
 
 def test_a_renewed_certificate_is_served_on_the_next_connection(cluster: LocalCluster, pki: Pki,
