@@ -233,6 +233,30 @@ def test_no_session_ticket_is_issued_since_kube_scheduler_never_resumes_a_sessio
             assert tls.session is not None and not tls.session.has_ticket
 
 
+def test_tls_1_2_offers_only_forward_secret_aead_suites(cluster: LocalCluster, pki: Pki, tmp_path: Path) -> None:
+    with extender(cluster, tmp_path, "--port", "0", "--health-port", "0", "--tls-cert", pki.server.cert,
+                  "--tls-key", pki.server.key, "--tls-client-ca", pki.ca.cert) as ext:
+        port = int(ext.url.rsplit(":", 1)[1])
+
+        def tls12(ciphers: str) -> tuple[str, int, int] | None:
+            context = pki.client(pki.scheduler)
+            context.maximum_version = ssl.TLSVersion.TLSv1_2
+            context.set_ciphers(ciphers)
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+                try:
+                    with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                        return tls.cipher()
+                except ssl.SSLError:
+                    return None
+
+        chosen = tls12("DEFAULT")
+        assert chosen is not None and chosen[0] == "ECDHE-ECDSA-AES256-GCM-SHA384"
+        assert tls12("ECDHE-ECDSA-CHACHA20-POLY1305") is not None
+        for weak in ("ECDHE-ECDSA-AES128-SHA256", "ECDHE-ECDSA-AES256-SHA", "AES128-GCM-SHA256"):
+            assert tls12(weak) is None, weak
+        wait_for(lambda: refused_counts(ext.health_url)["other"] == 3.0, "the three refusals to be counted", 10)
+
+
 def refused_counts(health_url: str) -> dict[str, float]:
     counts = {}
     for line in httpx.get(health_url + "/metrics").text.splitlines():
