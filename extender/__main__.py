@@ -93,8 +93,8 @@ def _server_tls(config: ExtenderConfig) -> ServerTLS | None:
     if config.tls_cert is None or config.tls_key is None:
         return None
     try:
-        return ServerTLS(config.tls_cert, config.tls_key, config.tls_client_ca)
-    except (OSError, ssl.SSLError) as exc:
+        return ServerTLS(config.tls_cert, config.tls_key, config.tls_client_ca, config.tls_client_names)
+    except (OSError, ValueError, ssl.SSLError) as exc:
         print(f"gpushare-extender: could not load --tls-cert {config.tls_cert}, --tls-key {config.tls_key} or "
               f"--tls-client-ca {config.tls_client_ca}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

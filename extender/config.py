@@ -55,6 +55,7 @@ class ExtenderConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None  # None: any client may call (insecure, warned about at start)
+    tls_client_names: frozenset[str] = frozenset()  # empty: any certificate the client CA signed
     health_port: int | None = None  # plain-HTTP listener for /healthz, /readyz and /metrics only
     unit: MemoryUnit = MemoryUnit.GiB
     log_level: str = "INFO"
@@ -85,6 +86,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="accept only connections whose client certificate this CA signed, such as "
                              "kube-scheduler's tlsConfig certFile (default: $GPUSHARE_TLS_CLIENT_CA; without it "
                              "anyone who reaches the extender may bind pods)")
+    parser.add_argument("--tls-client-names", default="",
+                        help="comma-separated: accept only client certificates that name one of these as their "
+                             "common name or a DNS name, such as kube-scheduler (default: any certificate "
+                             "--tls-client-ca signed); the replicas' own --tls-cert is accepted too, for forwarded "
+                             "binds")
     parser.add_argument("--health-port", type=int, default=None,
                         help="also serve /healthz, /readyz and /metrics, and nothing else, over plain HTTP on this "
                              "port, for probes and Prometheus that hold no client certificate (default: "
@@ -197,6 +203,10 @@ def parse_config(argv: Sequence[str] | None = None) -> ExtenderConfig:
     if args.tls_client_ca is not None and args.tls_cert is None:
         raise ConfigError("--tls-client-ca checks client certificates during the TLS handshake, so it needs "
                           "--tls-cert and --tls-key as well.")
+    client_names = _client_names(args.tls_client_names)
+    if client_names and args.tls_client_ca is None:
+        raise ConfigError("--tls-client-names narrows the client certificates that --tls-client-ca accepts, so it "
+                          "needs --tls-client-ca (with --tls-cert and --tls-key) as well.")
     health_port = _number(args.health_port, "--health-port", "GPUSHARE_HEALTH_PORT", -1, int)
     if health_port != -1 and (not 0 <= health_port <= 65535 or (health_port == port and port != 0)):
         raise ConfigError(f"--health-port {health_port} must be from 0 to 65535 and differ from --port ({port}).")
@@ -230,11 +240,22 @@ def parse_config(argv: Sequence[str] | None = None) -> ExtenderConfig:
                           "seconds.")
     return ExtenderConfig(host=args.host, port=port, bind_timeout_s=bind_timeout, max_binds=max_binds,
                           max_body_bytes=max_body, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                          tls_client_ca=args.tls_client_ca, health_port=None if health_port == -1 else health_port,
+                          tls_client_ca=args.tls_client_ca, tls_client_names=client_names,
+                          health_port=None if health_port == -1 else health_port,
                           unit=MemoryUnit(args.unit), log_level=args.log_level, policy=args.policy,
                           tie_seed=args.tie_seed, node_choice=node_choice, kubeconfig=args.kubeconfig,
                           context=args.context, leader=_lease_settings(args, port),
                           peer_ca=args.peer_ca, workload_seed=args.workload_seed, gang_timeout_s=gang_timeout)
+
+
+def _client_names(raw: str) -> frozenset[str]:
+    if not raw:
+        return frozenset()
+    names = [name.strip() for name in raw.split(",")]
+    if not all(0 < len(name) <= 253 for name in names):
+        raise ConfigError(f"--tls-client-names {clip(raw)} must be a comma-separated list of names of 1 to 253 "
+                          "characters each, such as kube-scheduler or kube-scheduler,gpushare-scheduler.")
+    return frozenset(names)
 
 
 def _env_path(name: str) -> Path | None:

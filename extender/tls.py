@@ -14,8 +14,10 @@ import logging
 import os
 import ssl
 import time
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +37,14 @@ class Refusal(StrEnum):
     PLAIN_HTTP = "plain_http"
     NO_CLIENT_CERTIFICATE = "no_client_certificate"
     CLIENT_CERTIFICATE = "client_certificate"
+    CLIENT_NAME = "client_name"
     SERVER_CERTIFICATE = "server_certificate"
     OTHER = "other"
 
     @classmethod
     def of(cls, exc: ssl.SSLError) -> Refusal:
+        if isinstance(exc, ClientNameRefused):
+            return cls.CLIENT_NAME
         if isinstance(exc, ssl.SSLCertVerificationError):
             return cls.CLIENT_CERTIFICATE
         reason = exc.reason or ""
@@ -62,12 +67,31 @@ _ADVICE = {
                                    "(the chart's schedulerConfig.tls.clientSecretName)",
     Refusal.CLIENT_CERTIFICATE: "refused a TLS client's certificate ({detail}): kube-scheduler must present a "
                                 "certificate that the CA in --tls-client-ca signed, valid now",
+    Refusal.CLIENT_NAME: "refused a TLS client whose certificate the client CA signed but {detail}: "
+                         "kube-scheduler's certificate must name one of --tls-client-names as its common name or as "
+                         "a DNS name (the chart's extender.tls.clientNames)",
     Refusal.SERVER_CERTIFICATE: "a TLS client refused the extender's certificate ({detail}): kube-scheduler's "
                                 "tlsConfig caFile must hold the CA that signed --tls-cert, and the host of its "
                                 "urlPrefix must be a name or address that certificate lists",
     Refusal.OTHER: "a TLS handshake failed ({detail}): the client may not speak TLS 1.2 or later, or may not be "
                    "kube-scheduler",
 }
+
+
+class ClientNameRefused(ssl.SSLCertVerificationError):
+    """A client certificate that the client CA signed but that names none of the names allowed."""
+
+    def __init__(self, names: tuple[str, ...], allowed: frozenset[str]) -> None:
+        super().__init__(1, "the client certificate names none of --tls-client-names")
+        self.reason = "CLIENT_NAME_NOT_ALLOWED"
+        self.verify_message = (f"it names {', '.join(names) or 'nothing'}, none of {', '.join(sorted(allowed))}")
+
+
+def certificate_names(certificate: Mapping[str, Any]) -> tuple[str, ...]:
+    """A verified peer certificate's (``getpeercert()``'s) subject common names and DNS names."""
+    common = [value for rdn in certificate.get("subject", ()) for key, value in rdn if key == "commonName"]
+    dns = [value for kind, value in certificate.get("subjectAltName", ()) if kind == "DNS"]
+    return tuple(common + dns)
 
 
 class Refusals:
@@ -99,13 +123,15 @@ class Refusals:
         log.warning("%s%s", _ADVICE[refusal].format(detail=detail), more, extra={"reason": refusal.value})
 
 
-def _observed_by(refusals: Refusals) -> type[ssl.SSLObject]:
-    """The listener's class of TLS connection, which tells ``refusals`` of a handshake that failed."""
+def _observed_by(refusals: Refusals, admit: Callable[[ssl.SSLObject], None]) -> type[ssl.SSLObject]:
+    """The listener's class of TLS connection: a completed handshake goes through ``admit``, which may refuse it,
+    and ``refusals`` hears of every handshake that failed."""
 
     class ObservedSSLObject(ssl.SSLObject):
         def do_handshake(self) -> None:
             try:
                 super().do_handshake()
+                admit(self)
             except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 raise  # more bytes to come: the handshake goes on
             except ssl.SSLError as exc:
@@ -113,6 +139,13 @@ def _observed_by(refusals: Refusals) -> type[ssl.SSLObject]:
                 raise
 
     return ObservedSSLObject
+
+
+def _der(pem_file: Path) -> bytes:
+    """The first certificate of a PEM file, in DER: what a peer presenting it shows."""
+    text = pem_file.read_text()
+    footer = "-----END CERTIFICATE-----"
+    return ssl.PEM_cert_to_DER_cert(text[:text.index(footer) + len(footer)])
 
 _Stamp = tuple[tuple[int, int, int, int], ...]
 
@@ -139,17 +172,23 @@ class ServerTLS:
     next connection on without a restart and without failing one already open.
     """
 
-    def __init__(self, cert: Path, key: Path, client_ca: Path | None) -> None:
+    def __init__(self, cert: Path, key: Path, client_ca: Path | None, client_names: frozenset[str] = frozenset()
+                 ) -> None:
         self._cert, self._key, self._client_ca = cert, key, client_ca
+        self._client_names = client_names
         self._paths = (cert, key) if client_ca is None else (cert, key, client_ca)
         self._seen = _stamp(self._paths)
         self._current = self._load()  # an unreadable file at start is the caller's error to report
+        # The replicas forward binds to the leader presenting this same certificate (the chart mounts one Secret):
+        # it is admitted whatever it names, and so is the one before a renewal, which another replica's kubelet may
+        # not have replaced yet.
+        self._own: tuple[bytes, ...] = (_der(cert),)
         self.context = self._load()
         self.context.sni_callback = self._on_client_hello
         self.refusals = Refusals()
         # The event loop wraps each accepted connection in the context's ``sslobject_class`` (uvloop's and
         # asyncio's TLS both do), and the ClientHello's hand-off to ``current()`` keeps the object.
-        self.context.sslobject_class = _observed_by(self.refusals)
+        self.context.sslobject_class = _observed_by(self.refusals, self._admit)
 
     @property
     def mutual(self) -> bool:
@@ -175,7 +214,8 @@ class ServerTLS:
         if seen != self._seen:
             try:
                 self._current = self._load()
-            except (OSError, ssl.SSLError) as exc:
+                self._own = (_der(self._cert), self._own[0])
+            except (OSError, ValueError, ssl.SSLError) as exc:
                 log.warning("the TLS files changed but could not be loaded; still serving the previous certificate "
                             "and client CA: %s", exc, extra={"cert": str(self._cert)})
                 return self._current
@@ -186,6 +226,15 @@ class ServerTLS:
     def _on_client_hello(self, connection: ssl.SSLObject | ssl.SSLSocket, _server_name: str | None,
                          _context: ssl.SSLContext) -> None:
         connection.context = self.current()
+
+    def _admit(self, connection: ssl.SSLObject) -> None:
+        """Refuse a verified client certificate that names none of ``client_names``, when they are given."""
+        if not self._client_names or connection.getpeercert(binary_form=True) in self._own:
+            return
+        certificate = connection.getpeercert()
+        names = certificate_names(certificate) if certificate else ()
+        if self._client_names.isdisjoint(names):
+            raise ClientNameRefused(names, self._client_names)
 
 
 class ClientTLS:

@@ -214,6 +214,7 @@ def test_ha_tls_and_monitoring(rendered: dict[str, Docs]) -> None:
                               {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                                "resourceNames": ["gpushare-extender"], "verbs": ["get", "update"]}]
     assert "--tls-client-ca=/etc/gpushare/tls/client-ca.crt" in extender["args"]
+    assert "--tls-client-names=kube-scheduler,system:gpushare-scheduler" in extender["args"]
     assert find(docs, "PodDisruptionBudget", "gpushare-scheduler")["spec"]["minAvailable"] == 1
     assert "podAntiAffinity" in find(docs, "Deployment", "gpushare-scheduler")["spec"]["template"]["spec"]["affinity"]
     [entry] = scheduler_config(docs)["extenders"]
@@ -347,6 +348,11 @@ def render_values(tmp_path: Path, rendered: dict[str, Docs]) -> Iterator[Any]:
      "secondScheduler.image.tag must be v1.23 or newer"),
     ({"extender": {"bindTimeoutSeconds": 9.5}}, "must be at least 1 s below schedulerConfig.httpTimeoutSeconds"),
     ({"extender": {"maxConcurrentBinds": 0}}, "at '/extender/maxConcurrentBinds'"),
+    ({"extender": {"tls": {"enabled": True, "secretName": "s", "clientCAKey": "", "clientNames": ["kube-scheduler"]},
+                   "insecure": {"acknowledged": True}}},
+     "extender.tls.clientNames narrows the client certificates that the client CA accepts"),
+    ({"extender": {"tls": {"enabled": True, "secretName": "s", "clientNames": ["a,b"]}}},
+     "at '/extender/tls/clientNames/0'"),
 ])
 def test_bad_values_fail_with_a_reason(render_values: Any, values: dict[str, Any], message: str) -> None:
     code, failure = render_values(values)

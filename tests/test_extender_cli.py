@@ -139,6 +139,10 @@ def test_config_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> N
     ([], {"GPUSHARE_MAX_BODY_BYTES": "100"}, "--max-body-bytes 100 must be from 65536"),
     (["--gang-timeout", "0"], {}, "--gang-timeout 0 must be above 0 and at most 3600 seconds"),
     ([], {"GPUSHARE_GANG_TIMEOUT": "later"}, "GPUSHARE_GANG_TIMEOUT='later' is not a number"),
+    (["--tls-client-names", "kube-scheduler"], {},
+     "--tls-client-names narrows the client certificates that --tls-client-ca accepts, so it needs --tls-client-ca"),
+    (["--tls-client-names", "kube-scheduler,,x"], {},
+     "--tls-client-names 'kube-scheduler,,x' must be a comma-separated list of names of 1 to 253 characters"),
 ])
 def test_bad_config_is_a_sentence(monkeypatch: pytest.MonkeyPatch, argv: list[str], env: dict[str, str],
                                   message: str) -> None:

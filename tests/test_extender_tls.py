@@ -27,7 +27,7 @@ import pytest
 from kubernetes import client
 from test_extender_harness import T4, T4_MIB, create_pod, gpu_node, pod_body, spec, wait_for
 
-from extender.tls import Refusal
+from extender.tls import Refusal, certificate_names
 from gpushare.localcluster import LocalCluster
 from gpushare.localcluster.pki import Issued, issue, make_ca
 from gpushare.localcluster.scheduler import SchedulerLoop
@@ -238,7 +238,7 @@ def test_tls_1_2_offers_only_forward_secret_aead_suites(cluster: LocalCluster, p
                   "--tls-key", pki.server.key, "--tls-client-ca", pki.ca.cert) as ext:
         port = int(ext.url.rsplit(":", 1)[1])
 
-        def tls12(ciphers: str) -> tuple[str, int, int] | None:
+        def tls12(ciphers: str) -> tuple[str, str, int] | None:
             context = pki.client(pki.scheduler)
             context.maximum_version = ssl.TLSVersion.TLSv1_2
             context.set_ciphers(ciphers)
@@ -274,7 +274,8 @@ def test_a_refused_handshake_is_counted_by_reason_and_logged_once_a_minute_with_
                   "--tls-key", pki.server.key, "--tls-client-ca", pki.ca.cert) as ext:
         port = int(ext.url.rsplit(":", 1)[1])
         assert refused_counts(ext.health_url) == dict.fromkeys(
-            ["plain_http", "no_client_certificate", "client_certificate", "server_certificate", "other"], 0.0)
+            ["plain_http", "no_client_certificate", "client_certificate", "client_name", "server_certificate", "other"],
+            0.0)
 
         def attempt(context: ssl.SSLContext | None, first_bytes: bytes = b"GET /version HTTP/1.1\r\nHost: x\r\n\r\n"
                     ) -> bytes:
@@ -297,7 +298,7 @@ def test_a_refused_handshake_is_counted_by_reason_and_logged_once_a_minute_with_
         for _ in range(3):
             assert attempt(pki.client(pki.stranger)) == b""
         assert attempt(distrustful) == b""
-        expected = {"plain_http": 1.0, "no_client_certificate": 1.0, "client_certificate": 3.0,
+        expected = {"plain_http": 1.0, "no_client_certificate": 1.0, "client_certificate": 3.0, "client_name": 0.0,
                     "server_certificate": 1.0, "other": 1.0}
         wait_for(lambda: refused_counts(ext.health_url) == expected, "the refusals to be counted", 10)
         assert attempt(pki.client(pki.scheduler)).startswith(b"HTTP/1.1 200 ")  # and kube-scheduler still gets in
@@ -311,6 +312,34 @@ def test_a_refused_handshake_is_counted_by_reason_and_logged_once_a_minute_with_
         assert "--tls-client-ca" in lines["client_certificate"]
         assert "(TLSV1_ALERT_UNKNOWN_CA)" in lines["server_certificate"] and "caFile" in lines["server_certificate"]
         assert "(WRONG_VERSION_NUMBER)" in lines["other"]
+
+
+def test_client_names_admit_only_certificates_naming_one_of_them_and_the_replicas_own(
+        cluster: LocalCluster, pki: Pki, tmp_path: Path) -> None:
+    """A client CA that signs other workloads' certificates too must not let them call the extender."""
+    intruder = issue(pki.ca, tmp_path, "intruder", 20, False)  # the same CA, another name
+    with extender(cluster, tmp_path, "--port", "0", "--health-port", "0", "--tls-cert", pki.server.cert,
+                  "--tls-key", pki.server.key, "--tls-client-ca", pki.ca.cert,
+                  "--tls-client-names", "gpushare-scheduler,kube-scheduler") as ext:
+        for identity in (pki.scheduler, pki.server):  # kube-scheduler, and a replica forwarding a bind
+            with httpx.Client(base_url=ext.url, verify=pki.client(identity)) as http:
+                assert http.get(PREFIX + "/inspect/n1").status_code == 200
+        for _ in range(2):
+            with httpx.Client(base_url=ext.url, verify=pki.client(intruder)) as http, \
+                    pytest.raises(httpx.TransportError):
+                http.get(PREFIX + "/inspect/n1")
+        wait_for(lambda: refused_counts(ext.health_url)["client_name"] == 2.0, "the refusals to be counted", 10)
+        assert refused_counts(ext.health_url)["client_certificate"] == 0.0
+        [line] = [str(entry["msg"]) for entry in ext.logs if entry.get("reason") == "client_name"]
+        assert "signed but it names intruder, none of gpushare-scheduler, kube-scheduler: " in line
+        assert "--tls-client-names" in line and "extender.tls.clientNames" in line
+
+
+def test_certificate_names_are_its_common_names_and_dns_names() -> None:
+    certificate = {"subject": ((("organizationName", "system:masters"),), (("commonName", "kube-scheduler"),)),
+                   "subjectAltName": (("DNS", "scheduler.example"), ("IP Address", "10.0.0.1"))}
+    assert certificate_names(certificate) == ("kube-scheduler", "scheduler.example")
+    assert certificate_names({}) == ()
 
 
 def ssl_error(reason: str) -> ssl.SSLError:
