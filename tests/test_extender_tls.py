@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,7 +160,9 @@ def test_only_the_client_ca_may_call_the_scheduler_verbs(cluster: LocalCluster, 
 
 
 def read_node_name(cluster: LocalCluster, name: str) -> str | None:
-    node: str | None = client.CoreV1Api(cluster.api_client()).read_namespaced_pod(name, "default").spec.node_name
+    spec = client.CoreV1Api(cluster.api_client()).read_namespaced_pod(name, "default").spec
+    assert spec is not None
+    node: str | None = spec.node_name
     return node
 
 
@@ -333,6 +335,53 @@ def test_client_names_admit_only_certificates_naming_one_of_them_and_the_replica
         [line] = [str(entry["msg"]) for entry in ext.logs if entry.get("reason") == "client_name"]
         assert "signed but it names intruder, none of gpushare-scheduler, kube-scheduler: " in line
         assert "--tls-client-names" in line and "extender.tls.clientNames" in line
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def health_metric(health_url: str, name: str) -> float:
+    for line in httpx.get(health_url + "/metrics").text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_with_client_names_a_follower_still_forwards_binds_to_the_leader_over_mutual_tls(
+        cluster: LocalCluster, pki: Pki, tmp_path: Path) -> None:
+    """The replicas present their own serving certificate to each other, which names none of the client names."""
+    core = client.CoreV1Api(cluster.api_client())
+    pod = create_pod(core, pod_body("p", 4))
+
+    def replica(identity: str, port: int) -> AbstractContextManager[Extender]:
+        folder = tmp_path / identity
+        folder.mkdir()
+        return extender(cluster, folder, "--port", str(port), "--health-port", "0", "--tls-cert", pki.server.cert,
+                        "--tls-key", pki.server.key, "--tls-client-ca", pki.ca.cert, "--tls-client-names",
+                        "kube-scheduler", "--leader-elect", "--lease-identity", identity, "--advertise-url",
+                        f"https://127.0.0.1:{port}", "--lease-duration", "2", "--lease-renew-period", "0.2",
+                        "--peer-ca", pki.ca.cert)
+
+    with replica("extender-a", free_port()) as a, replica("extender-b", free_port()) as b:
+        def leading() -> list[Extender]:
+            return [e for e in (a, b) if health_metric(e.health_url, "gpushare_extender_leader") == 1]
+
+        wait_for(lambda: len(leading()) == 1, "one replica to lead", 20)
+        [leader] = leading()
+        follower = b if leader is a else a
+        with httpx.Client(base_url=follower.url + PREFIX, verify=pki.client(pki.scheduler), timeout=30) as http:
+            http.post("/filter", content=orjson.dumps({"Pod": pod, "NodeNames": ["n1"]}))
+            answer = http.post("/bind", content=orjson.dumps({"PodName": "p", "PodNamespace": "default",
+                                                              "PodUID": pod["metadata"]["uid"], "Node": "n1"}))
+        assert answer.json()["Error"] == ""
+        assert read_node_name(cluster, "p") == "n1"
+        assert health_metric(leader.health_url, 'gpushare_extender_binds_total{result="bound"}') == 1
+        assert health_metric(follower.health_url, 'gpushare_extender_binds_total{result="bound"}') == 0
+        assert refused_counts(leader.health_url)["client_name"] == 0
 
 
 def test_certificate_names_are_its_common_names_and_dns_names() -> None:
