@@ -384,6 +384,39 @@ def test_with_client_names_a_follower_still_forwards_binds_to_the_leader_over_mu
         assert refused_counts(leader.health_url)["client_name"] == 0
 
 
+def test_with_client_names_the_replicas_own_certificate_before_a_renewal_still_gets_in(
+        cluster: LocalCluster, pki: Pki, tmp_path: Path) -> None:
+    """The kubelets of two replicas swap the Secret's files at different moments: for a while a follower presents
+    the certificate before the renewal, or the leader still holds it."""
+    volume = SecretVolume(tmp_path / "tls")
+    first = pki.server
+    second = issue(pki.ca, tmp_path, "extender-second", 11, server=True)
+    third = issue(pki.ca, tmp_path, "extender-third", 12, server=True)
+
+    def mount(serving: Issued) -> None:
+        volume.write({"tls.crt": serving.cert.read_bytes(), "tls.key": serving.key.read_bytes(),
+                      "client-ca.crt": pki.ca.cert.read_bytes()})
+
+    mount(first)
+    with extender(cluster, tmp_path, "--port", "0", "--health-port", "0", "--tls-cert", volume.path("tls.crt"),
+                  "--tls-key", volume.path("tls.key"), "--tls-client-ca", volume.path("client-ca.crt"),
+                  "--tls-client-names", "kube-scheduler") as ext:
+        def admitted(identity: Issued) -> bool:
+            # Each client opens a connection of its own; its ClientHello makes the extender read changed files.
+            with httpx.Client(verify=pki.client(identity)) as http:
+                try:
+                    return http.get(ext.url + "/version").status_code == 200
+                except httpx.TransportError:
+                    return False
+
+        assert admitted(first) and not admitted(second)
+        mount(second)
+        assert admitted(second) and admitted(first)  # the renewed one, and the one before it
+        mount(third)
+        assert admitted(third) and admitted(second) and not admitted(first)
+        assert admitted(pki.scheduler)
+
+
 def test_certificate_names_are_its_common_names_and_dns_names() -> None:
     certificate = {"subject": ((("organizationName", "system:masters"),), (("commonName", "kube-scheduler"),)),
                    "subjectAltName": (("DNS", "scheduler.example"), ("IP Address", "10.0.0.1"))}
