@@ -25,6 +25,7 @@ from test_extender_harness import (
     T4_MIB,
     create_pod,
     gpu_node,
+    metric,
     pod_body,
     read_pod,
     running_extender,
@@ -93,13 +94,6 @@ def settled_leader(urls: list[str], timeout_s: float = LEASE_S * 3) -> str:
     wait_for(agreed, "exactly one leader that every replica knows", timeout_s)
     [leader] = [u for u in urls if leader_state(u)["leader"]]
     return leader
-
-
-def metric(url: str, name: str) -> float:
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 def used_units(url: str) -> int:

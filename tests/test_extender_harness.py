@@ -129,3 +129,19 @@ def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 10) ->
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)
+
+
+def metric(url: str, name: str) -> float:
+    """A sample of ``url``'s /metrics by its name with labels, as Prometheus prints it; 0 when there is none."""
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def free_port() -> int:
+    """A loopback port that nothing listens on (until something takes it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port

@@ -25,7 +25,7 @@ import httpx
 import orjson
 import pytest
 from kubernetes import client
-from test_extender_harness import T4, T4_MIB, create_pod, gpu_node, pod_body, spec, wait_for
+from test_extender_harness import T4, T4_MIB, create_pod, free_port, gpu_node, metric, pod_body, spec, wait_for
 
 from extender.tls import Refusal, certificate_names
 from gpushare.localcluster import LocalCluster
@@ -337,20 +337,6 @@ def test_client_names_admit_only_certificates_naming_one_of_them_and_the_replica
         assert "--tls-client-names" in line and "extender.tls.clientNames" in line
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def health_metric(health_url: str, name: str) -> float:
-    for line in httpx.get(health_url + "/metrics").text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 def test_with_client_names_a_follower_still_forwards_binds_to_the_leader_over_mutual_tls(
         cluster: LocalCluster, pki: Pki, tmp_path: Path) -> None:
     """The replicas present their own serving certificate to each other, which names none of the client names."""
@@ -368,7 +354,7 @@ def test_with_client_names_a_follower_still_forwards_binds_to_the_leader_over_mu
 
     with replica("extender-a", free_port()) as a, replica("extender-b", free_port()) as b:
         def leading() -> list[Extender]:
-            return [e for e in (a, b) if health_metric(e.health_url, "gpushare_extender_leader") == 1]
+            return [e for e in (a, b) if metric(e.health_url, "gpushare_extender_leader") == 1]
 
         wait_for(lambda: len(leading()) == 1, "one replica to lead", 20)
         [leader] = leading()
@@ -379,8 +365,8 @@ def test_with_client_names_a_follower_still_forwards_binds_to_the_leader_over_mu
                                                               "PodUID": pod["metadata"]["uid"], "Node": "n1"}))
         assert answer.json()["Error"] == ""
         assert read_node_name(cluster, "p") == "n1"
-        assert health_metric(leader.health_url, 'gpushare_extender_binds_total{result="bound"}') == 1
-        assert health_metric(follower.health_url, 'gpushare_extender_binds_total{result="bound"}') == 0
+        assert metric(leader.health_url, 'gpushare_extender_binds_total{result="bound"}') == 1
+        assert metric(follower.health_url, 'gpushare_extender_binds_total{result="bound"}') == 0
         assert refused_counts(leader.health_url)["client_name"] == 0
 
 

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from conftest import answer_json, cluster_spec
 from kubernetes import client
+from test_extender_harness import free_port
 
 from gpushare.kube.api import Conflict, Invalid, Kube, NotFound, Unavailable
 from gpushare.kube.client import KubeConfigError, connect, load_configuration
@@ -205,15 +206,8 @@ def test_bind_twice_is_a_conflict_and_a_bad_patch_is_invalid(kube: Kube, local: 
     assert not str(caught.value).endswith("..")
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 def test_an_unreachable_server_is_unavailable_at_once(clean_env: Path, tmp_path: Path) -> None:
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     kube = connect(kubeconfig(tmp_path / "config", {"gone": url}, "gone"))
     with pytest.raises(Unavailable) as caught:
         kube.pods.read("default", "p")
