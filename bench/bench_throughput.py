@@ -100,7 +100,7 @@ from gpushare.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, RESOURCE_GPU_MEM, Me
 from gpushare.kube.api import Kube
 from gpushare.kube.client import load_configuration
 from gpushare.localcluster import LocalCluster
-from gpushare.localcluster.pki import Issued, KeyKind, issue, make_ca
+from gpushare.localcluster.pki import Issued, KeyKind, client_context, issue, make_ca
 from gpushare.localcluster.scheduler import SCHEDULING_THREAD, SchedulerLoop
 from gpushare.policies import DEFAULT_POLICY, policy_names
 
@@ -166,9 +166,7 @@ class MutualTLS:
 
     def loop_context(self) -> ssl.SSLContext:
         """kube-scheduler's tlsConfig: trusts the CA, presents its client certificate."""
-        context = ssl.create_default_context(cafile=str(self.ca.cert))
-        context.load_cert_chain(self.scheduler.cert, self.scheduler.key)
-        return context
+        return client_context(self.ca, self.scheduler)
 
 
 # What each pod requests besides its GPUs when ``--host-requests fixed`` (the default).

@@ -214,7 +214,9 @@ class ServerTLS:
         if seen != self._seen:
             try:
                 self._current = self._load()
-                self._own = (_der(self._cert), self._own[0])
+                own = _der(self._cert)
+                if own != self._own[0]:  # a new client CA, or the same files written again, renews nothing
+                    self._own = (own, self._own[0])
             except (OSError, ValueError, ssl.SSLError) as exc:
                 log.warning("the TLS files changed but could not be loaded; still serving the previous certificate "
                             "and client CA: %s", exc, extra={"cert": str(self._cert)})

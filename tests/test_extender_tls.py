@@ -29,7 +29,7 @@ from test_extender_harness import T4, T4_MIB, create_pod, free_port, gpu_node, m
 
 from extender.tls import Refusal, certificate_names
 from gpushare.localcluster import LocalCluster
-from gpushare.localcluster.pki import Issued, issue, make_ca
+from gpushare.localcluster.pki import Issued, client_context, issue, make_ca
 from gpushare.localcluster.scheduler import SchedulerLoop
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for certificates")
@@ -47,10 +47,7 @@ class Pki:
 
     def client(self, identity: Issued | None) -> ssl.SSLContext:
         """What a caller uses: trusts the extender's CA, presents ``identity`` if any."""
-        context = ssl.create_default_context(cafile=str(self.ca.cert))
-        if identity is not None:
-            context.load_cert_chain(identity.cert, identity.key)
-        return context
+        return client_context(self.ca, identity)
 
 
 @pytest.fixture
@@ -292,8 +289,7 @@ def test_a_refused_handshake_is_counted_by_reason_and_logged_once_a_minute_with_
                 except OSError:  # TLS 1.3 tells a client of its refused certificate only when it reads
                     return b""
 
-        distrustful = ssl.create_default_context(cafile=str(pki.stranger.cert))  # not the CA that signed the server
-        distrustful.load_cert_chain(pki.scheduler.cert, pki.scheduler.key)
+        distrustful = client_context(pki.stranger, pki.scheduler)  # trusts not the CA that signed the server
         assert attempt(None) == b""  # plain HTTP to the HTTPS port
         assert attempt(None, b"\x16\x00\x00garbage\r\n\r\n") == b""
         assert attempt(pki.client(None)) == b""
@@ -398,6 +394,8 @@ def test_with_client_names_the_replicas_own_certificate_before_a_renewal_still_g
         assert admitted(first) and not admitted(second)
         mount(second)
         assert admitted(second) and admitted(first)  # the renewed one, and the one before it
+        mount(second)  # the same files written again: still the one before the renewal
+        assert admitted(first)
         mount(third)
         assert admitted(third) and admitted(second) and not admitted(first)
         assert admitted(pki.scheduler)

@@ -6,6 +6,7 @@ Two kinds of key: ECDSA P-256, and RSA 2048, which cert-manager and kubeadm issu
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 from dataclasses import dataclass
 from enum import StrEnum
@@ -58,3 +59,11 @@ def issue(ca: Issued, folder: Path, name: str, serial: int, server: bool, key: K
     request.unlink()
     extensions.unlink()
     return leaf
+
+
+def client_context(trusted: Issued, identity: Issued | None) -> ssl.SSLContext:
+    """A client's context that trusts ``trusted`` (a CA) and presents ``identity``'s certificate, if given one."""
+    context = ssl.create_default_context(cafile=str(trusted.cert))
+    if identity is not None:
+        context.load_cert_chain(identity.cert, identity.key)
+    return context
