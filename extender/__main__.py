@@ -47,22 +47,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     leader = config.leader
     loop_factory = _loop_factory()
     compiled_modules = compiled()
+    tls = _server_tls(config)
+    expiration = tls.expiration() if tls is not None else {}
     log.info("starting gpushare extender", extra={
         "version": __version__, "port": config.port, "policy": config.policy, "unit": config.unit.value,
         "event_loop": "asyncio" if loop_factory is None else "uvloop",
         "workload_seed": str(config.workload_seed) if config.workload_seed else None,
         "lease": f"{leader.namespace}/{leader.name}" if leader else None,
         "identity": leader.identity if leader else None, "advertise_url": leader.advertise_url if leader else None,
-        "compiled": compiled_modules})
+        "compiled": compiled_modules, "tls": None if tls is None else "mutual" if tls.mutual else "server",
+        **{f"{name}_expires": when.isoformat() for name, when in expiration.items()}})
     if not compiled_modules:
         log.warning("the placement policies run as Python, not compiled: each filter costs about a third more CPU. "
                     "The install found no C compiler; install gcc and the Python headers, then install gpushare again")
-    tls = _server_tls(config)
     if tls is None or not tls.mutual:
         log.warning("INSECURE: the extender accepts filter, prioritize, bind and inspect from anyone who can reach "
                     "it, and a bind moves any pending pod onto any node; give --tls-client-ca (with --tls-cert and "
                     "--tls-key) so that only kube-scheduler's client certificate is accepted (docs/install.md)")
-    app = create_app(config, kube, tls.refusals if tls is not None else None)
+    app = create_app(config, kube, tls)
     main_server = uvicorn.Server(uvicorn.Config(
         app, host=config.host, port=config.port, log_config=None, access_log=False, timeout_keep_alive=KEEP_ALIVE_S,
         # Called once, at start; the context then follows the files itself (extender/tls.py).

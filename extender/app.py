@@ -28,7 +28,7 @@ from extender.ledger import FilterLedger
 from extender.metrics import ExtenderMetrics
 from extender.placement import PolicyBook, RequestCache
 from extender.preempt import Preempt
-from extender.tls import ClientTLS, Refusals
+from extender.tls import ClientTLS, ServerTLS
 from extender.verbs import Verbs
 from extender.wire import (
     BadRequest,
@@ -207,9 +207,9 @@ def _bound(answer: bytes) -> bool:
     return isinstance(result, dict) and result.get("Error") == ""
 
 
-def create_app(config: ExtenderConfig, kube: Kube, tls_refusals: Refusals | None = None) -> VerbRoutes:
-    """Build the extender around one API server's ``Kube``; the watch starts with the app. ``tls_refusals``: the
-    serving TLS context's tally of refused handshakes, for /metrics."""
+def create_app(config: ExtenderConfig, kube: Kube, tls: ServerTLS | None = None) -> VerbRoutes:
+    """Build the extender around one API server's ``Kube``; the watch starts with the app. ``tls``: the listener's
+    TLS, whose refused handshakes and certificates' expiration /metrics shows."""
     cache = ClusterCache(config.unit, config.tie_seed)
     watch = ClusterWatch(kube.nodes.list_call, kube.pods.list_call, cache, list_budgets=kube.budgets.list_call)
     book = PolicyBook(config.policy, load_workload(config.workload_seed) if config.workload_seed else None)
@@ -244,7 +244,7 @@ def create_app(config: ExtenderConfig, kube: Kube, tls_refusals: Refusals | None
         peer_tls = ClientTLS(config.peer_ca, config.tls_cert, config.tls_key)
         forwarder = BindForwarder(config.leader.identity, peer_tls,
                                   config.bind_timeout_s + ANSWER_MARGIN_S)
-    metrics = ExtenderMetrics(cache, lambda: elector is None or elector.is_leader, metrics_registry, tls_refusals)
+    metrics = ExtenderMetrics(cache, lambda: elector is None or elector.is_leader, metrics_registry, tls)
 
     frozen = asyncio.Event()
 

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from extender.tls import Refusals
+from extender.tls import ServerTLS
 from gpushare.cache.state import ClusterCache
 from gpushare.model import Node
 
@@ -74,18 +74,27 @@ class _ClusterCollector(Collector):
                                 "--leader-elect), else 0.", value=1 if self._is_leader() else 0)
 
 
-class _RefusalCollector(Collector):
-    """The TLS listener's refused handshakes, read at scrape time from the event loop's tally."""
+class _TLSCollector(Collector):
+    """The TLS listener's refused handshakes, from the event loop's tally, and when its certificates expire."""
 
-    def __init__(self, refusals: Refusals) -> None:
-        self._refusals = refusals
+    def __init__(self, tls: ServerTLS) -> None:
+        self._tls = tls
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily("gpushare_extender_tls_refused_handshakes",
-                                     "TLS handshakes the extender's listener refused, by reason.", labels=["reason"])
-        for refusal, count in self._refusals.counts.items():
-            family.add_metric([refusal.value], count)
-        yield family
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        refused = CounterMetricFamily("gpushare_extender_tls_refused_handshakes",
+                                      "TLS handshakes the extender's listener refused, by reason.", labels=["reason"])
+        for refusal, count in self._tls.refusals.counts.items():
+            refused.add_metric([refusal.value], count)
+        yield refused
+        # An expired serving certificate or client CA fails every filter and bind; nothing else says it is coming.
+        expiration = GaugeMetricFamily(
+            "gpushare_extender_tls_certificate_expiration_timestamp_seconds",
+            "When the listener's serving certificate (the first of its chain to expire) and its client CA bundle "
+            "(its first CA to expire) stop being valid, in Unix seconds; the files as they are now on disk.",
+            labels=["certificate"])
+        for name, when in self._tls.expiration().items():
+            expiration.add_metric([name], when.timestamp())
+        yield expiration
 
 
 _TOTALS_KEY = "metrics: GPU totals per model"
@@ -108,7 +117,7 @@ class ExtenderMetrics:
     """One registry per app, so several extenders can live in one process (tests, benchmarks)."""
 
     def __init__(self, cache: ClusterCache, is_leader: Callable[[], bool], registry: CollectorRegistry,
-                 tls_refusals: Refusals | None = None) -> None:
+                 tls: ServerTLS | None = None) -> None:
         self.registry = registry
         self.requests = Counter("gpushare_extender_requests", "Extender requests by verb and HTTP status.",
                                 ["verb", "code"], registry=self.registry)
@@ -127,8 +136,8 @@ class ExtenderMetrics:
         self._first_filter: OrderedDict[str, float] = OrderedDict()
         self._waiting_lock = threading.Lock()
         self.registry.register(_ClusterCollector(cache, is_leader))
-        if tls_refusals is not None:
-            self.registry.register(_RefusalCollector(tls_refusals))
+        if tls is not None:
+            self.registry.register(_TLSCollector(tls))
         # What every Python exporter shows on the default registry: the process's CPU, memory and open files, and
         # the garbage collector's runs per generation (a full collection pauses every request in flight).
         ProcessCollector(registry=self.registry)

@@ -13,11 +13,15 @@ from __future__ import annotations
 import logging
 import os
 import ssl
+import threading
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+
+from extender.x509 import CertificateError, earliest_not_after
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +182,11 @@ class ServerTLS:
         self._client_names = client_names
         self._paths = (cert, key) if client_ca is None else (cert, key, client_ca)
         self._seen = _stamp(self._paths)
+        # ClientHellos reload on the event loop and /metrics on its own thread; one reload at a time keeps the
+        # files' stamp, the context and the certificates' dates of one moment together.
+        self._reloading = threading.Lock()
         self._current = self._load()  # an unreadable file at start is the caller's error to report
+        self._expiration = self._read_expiration()
         # The replicas forward binds to the leader presenting this same certificate (the chart mounts one Secret):
         # it is admitted whatever it names, and so is the one before a renewal, which another replica's kubelet may
         # not have replaced yet.
@@ -211,19 +219,47 @@ class ServerTLS:
     def current(self) -> ssl.SSLContext:
         """The context for a new connection, loaded again first if any of the files changed since."""
         seen = _stamp(self._paths)
-        if seen != self._seen:
+        if seen == self._seen:
+            return self._current
+        with self._reloading:
+            if seen == self._seen:  # another thread loaded these files while this one waited
+                return self._current
             try:
-                self._current = self._load()
+                current = self._load()
                 own = _der(self._cert)
-                if own != self._own[0]:  # a new client CA, or the same files written again, renews nothing
-                    self._own = (own, self._own[0])
             except (OSError, ValueError, ssl.SSLError) as exc:
                 log.warning("the TLS files changed but could not be loaded; still serving the previous certificate "
                             "and client CA: %s", exc, extra={"cert": str(self._cert)})
                 return self._current
+            self._current = current
+            if own != self._own[0]:  # a new client CA, or the same files written again, renews nothing
+                self._own = (own, self._own[0])
+            self._expiration = self._read_expiration()
             self._seen = seen
-            log.info("loaded the renewed TLS certificate", extra={"cert": str(self._cert)})
-        return self._current
+            log.info("loaded the renewed TLS certificate", extra={"cert": str(self._cert), **{
+                f"{name}_expires": when.isoformat() for name, when in self._expiration.items()}})
+            return self._current
+
+    def expiration(self) -> dict[str, datetime]:
+        """When the certificate the next connection is served (its chain's first to expire) and the client CA
+        bundle (its first CA to expire) stop being valid, the files loaded again first if they changed.
+
+        A renewal shows here before any client connects, so an alert on it does not fire for a certificate already
+        replaced on disk in a quiet cluster.
+        """
+        self.current()
+        return self._expiration
+
+    def _read_expiration(self) -> dict[str, datetime]:
+        files = {"serving": self._cert} if self._client_ca is None else {"serving": self._cert,
+                                                                         "client_ca": self._client_ca}
+        dates = {}
+        for name, path in files.items():
+            try:
+                dates[name] = earliest_not_after(path.read_text())
+            except (OSError, CertificateError) as exc:  # OpenSSL loaded the file, so this is rare: say it, go on
+                log.warning("could not read when the TLS file %s expires, so /metrics leaves it out: %s", path, exc)
+        return dates
 
     def _on_client_hello(self, connection: ssl.SSLObject | ssl.SSLSocket, _server_name: str | None,
                          _context: ssl.SSLContext) -> None:

@@ -26,6 +26,7 @@ import orjson
 import pytest
 from kubernetes import client
 from test_extender_harness import T4, T4_MIB, create_pod, free_port, gpu_node, metric, pod_body, spec, wait_for
+from test_x509 import openssl_not_after
 
 from extender.tls import Refusal, certificate_names
 from gpushare.localcluster import LocalCluster
@@ -215,6 +216,30 @@ def served_certificate(port: int, context: ssl.SSLContext) -> tuple[bytes, int]:
         while chunk := tls.recv(65536):
             answer += chunk
     return certificate, int(answer.split(b" ", 2)[1])
+
+
+def test_the_certificates_expiration_is_on_metrics_and_a_renewal_shows_there_before_any_client_connects(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    ca = make_ca(tmp_path, "ca-90-days", days=90)
+    first = issue(ca, tmp_path, "extender-30-days", 1, server=True, days=30)
+    renewed = issue(ca, tmp_path, "extender-60-days", 2, server=True, days=60)
+    volume = SecretVolume(tmp_path / "tls")
+    volume.write({"tls.crt": first.cert.read_bytes(), "tls.key": first.key.read_bytes(),
+                  "client-ca.crt": ca.cert.read_bytes()})
+    name = "gpushare_extender_tls_certificate_expiration_timestamp_seconds"
+    serving, client_ca = name + '{certificate="serving"}', name + '{certificate="client_ca"}'
+    with extender(cluster, tmp_path, "--port", "0", "--health-port", "0", "--tls-cert", volume.path("tls.crt"),
+                  "--tls-key", volume.path("tls.key"), "--tls-client-ca", volume.path("client-ca.crt")) as ext:
+        assert metric(ext.health_url, serving) == openssl_not_after(first.cert).timestamp()
+        assert metric(ext.health_url, client_ca) == openssl_not_after(ca.cert).timestamp()
+        volume.write({"tls.crt": renewed.cert.read_bytes(), "tls.key": renewed.key.read_bytes(),
+                      "client-ca.crt": ca.cert.read_bytes()})
+        # No client connected since: an alert on the old date would fire for a certificate already replaced.
+        wait_for(lambda: metric(ext.health_url, serving) == openssl_not_after(renewed.cert).timestamp(),
+                 "the renewed certificate's expiration on /metrics", 10)
+    [start] = [entry for entry in ext.logs if entry["msg"] == "starting gpushare extender"]
+    assert start["tls"] == "mutual"
+    assert start["serving_expires"] == openssl_not_after(first.cert).isoformat()
 
 
 def test_no_session_ticket_is_issued_since_kube_scheduler_never_resumes_a_session(cluster: LocalCluster, pki: Pki,

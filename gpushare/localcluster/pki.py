@@ -40,22 +40,23 @@ class Issued:
     key: Path
 
 
-def make_ca(folder: Path, name: str, key: KeyKind = KeyKind.ECDSA) -> Issued:
-    """A self-signed CA valid for a day, its files ``{name}.crt`` and ``{name}.key`` in ``folder``."""
+def make_ca(folder: Path, name: str, key: KeyKind = KeyKind.ECDSA, days: int = 1) -> Issued:
+    """A self-signed CA valid for ``days``, its files ``{name}.crt`` and ``{name}.key`` in ``folder``."""
     ca = Issued(folder / f"{name}.crt", folder / f"{name}.key")
-    _openssl("req", "-x509", *_NEW_KEY[key], "-nodes", "-days", "1", "-keyout", ca.key, "-out", ca.cert,
+    _openssl("req", "-x509", *_NEW_KEY[key], "-nodes", "-days", str(days), "-keyout", ca.key, "-out", ca.cert,
              "-subj", f"/CN={name}")
     return ca
 
 
-def issue(ca: Issued, folder: Path, name: str, serial: int, server: bool, key: KeyKind = KeyKind.ECDSA) -> Issued:
-    """A leaf certificate from ``ca``, valid for a day; a server one names 127.0.0.1, where the loop dials."""
+def issue(ca: Issued, folder: Path, name: str, serial: int, server: bool, key: KeyKind = KeyKind.ECDSA,
+          days: int = 1) -> Issued:
+    """A leaf certificate from ``ca``, valid for ``days``; a server one names 127.0.0.1, where the loop dials."""
     leaf = Issued(folder / f"{name}.crt", folder / f"{name}.key")
     request, extensions = folder / f"{name}.csr", folder / f"{name}.ext"
     _openssl("req", *_NEW_KEY[key], "-nodes", "-keyout", leaf.key, "-out", request, "-subj", f"/CN={name}")
     extensions.write_text("subjectAltName=IP:127.0.0.1\n" if server else "basicConstraints=CA:FALSE\n")
     _openssl("x509", "-req", "-in", request, "-CA", ca.cert, "-CAkey", ca.key, "-set_serial", str(serial),
-             "-days", "1", "-out", leaf.cert, "-extfile", extensions)
+             "-days", str(days), "-out", leaf.cert, "-extfile", extensions)
     request.unlink()
     extensions.unlink()
     return leaf

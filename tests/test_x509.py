@@ -1,0 +1,69 @@
+"""When a certificate expires, read from its DER, checked against the openssl command's own reading."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import ssl
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from extender.x509 import CertificateError, earliest_not_after, not_after
+from gpushare.localcluster.pki import Issued, KeyKind, issue, make_ca
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for certificates")
+
+
+def openssl_not_after(certificate: Path) -> datetime:
+    printed = subprocess.run(["openssl", "x509", "-noout", "-enddate", "-in", str(certificate)], check=True,
+                             capture_output=True, text=True).stdout.strip()
+    return datetime.fromtimestamp(ssl.cert_time_to_seconds(printed.removeprefix("notAfter=")), UTC)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("x509")
+
+
+@pytest.fixture(scope="module")
+def der(folder: Path) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(make_ca(folder, "fuzzed").cert.read_text())
+
+
+# 9,000 days reach past 2049, where RFC 5280 switches from UTCTime to GeneralizedTime.
+@pytest.mark.parametrize("days", [1, 400, 9000])
+@pytest.mark.parametrize("key", list(KeyKind))
+def test_a_ca_and_a_leaf_expire_when_openssl_says(folder: Path, days: int, key: KeyKind) -> None:
+    ca = make_ca(folder, f"ca-{key}-{days}", key, days)
+    leaf = issue(ca, folder, f"leaf-{key}-{days}", days, server=True, key=key, days=days)
+    for certificate in (ca, leaf):
+        assert earliest_not_after(certificate.cert.read_text()) == openssl_not_after(certificate.cert)
+
+
+def test_a_bundle_expires_with_its_first_certificate_to_expire(folder: Path) -> None:
+    cas: list[Issued] = [make_ca(folder, f"bundled-{days}", days=days) for days in (30, 2, 400)]
+    bundle = "".join(ca.cert.read_text() for ca in cas)
+    assert earliest_not_after(bundle) == openssl_not_after(cas[1].cert)
+
+
+def test_a_file_without_a_certificate_is_an_error_that_says_so(folder: Path) -> None:
+    key = make_ca(folder, "only-key").key.read_text()
+    with pytest.raises(CertificateError, match="holds no PEM certificate"):
+        earliest_not_after(key)
+
+
+@given(cut=st.integers(min_value=0, max_value=300))
+def test_a_truncated_certificate_is_an_error_not_a_crash(der: bytes, cut: int) -> None:
+    with pytest.raises(CertificateError):
+        not_after(der[:min(cut, len(der) - 1)])
+
+
+@given(data=st.binary(max_size=200))
+def test_any_bytes_give_a_date_or_a_certificate_error(data: bytes) -> None:
+    with contextlib.suppress(CertificateError):
+        assert isinstance(not_after(data), datetime)
