@@ -126,6 +126,8 @@ class ExtenderMetrics:
                                  buckets=LATENCY_BUCKETS, registry=self.registry)
         self.binds = Counter("gpushare_extender_binds", "Bind outcomes: bound or failed.", ["result"],
                              registry=self.registry)
+        for result in ("bound", "failed"):  # from the start, so a rate over them is 0 rather than nothing
+            self.binds.labels(result)
         self.bind_conflicts = Counter("gpushare_extender_bind_conflicts",
                                       "Binds that found the pod changed since it was read and decided again.",
                                       registry=self.registry)

@@ -3,16 +3,22 @@ validates every manifest against the Kubernetes 1.30 schema), then checked for w
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
+from test_extender_harness import T4, T4_MIB, gpu_node, spec
+from test_extender_tls import extender
 
 from extender.config import DEFAULT_MAX_BINDS, parse_config
 from gpushare import schedconfig
+from gpushare.localcluster import LocalCluster
+from gpushare.localcluster.pki import issue, make_ca
 from gpushare.policies import DEFAULT_POLICY
 from gpushare.schedconfig import ExtenderOptions, SchedulerOptions
 
@@ -153,7 +159,7 @@ def test_rbac_is_least_privilege(rendered: dict[str, Docs]) -> None:
 def test_default_scheduler_config_matches_the_command(rendered: dict[str, Docs]) -> None:
     expected = schedconfig.kube_scheduler_configuration(ExtenderOptions(url_prefix=EXTENDER_URL), SchedulerOptions())
     assert scheduler_config(rendered["default"]) == expected
-    assert not {"ServiceMonitor", "PodMonitor", "PodDisruptionBudget"} & kinds(rendered["default"])
+    assert not {"ServiceMonitor", "PodMonitor", "PrometheusRule", "PodDisruptionBudget"} & kinds(rendered["default"])
     assert find(rendered["default"], "Deployment")["metadata"]["name"] == "gpushare-extender"
     assert "--leader-elect" not in container(find(rendered["default"], "Deployment"))["args"]
 
@@ -226,6 +232,44 @@ def test_ha_tls_and_monitoring(rendered: dict[str, Docs]) -> None:
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["endpoints"][0]["port"] == "health" and "tlsConfig" not in monitor["spec"]["endpoints"][0]
     assert find(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    rule = find(docs, "PrometheusRule", "gpushare-extender")
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    alerts = {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
+    assert set(alerts) == {"GpushareExtenderNoLeader", "GpushareExtenderBindsFailing",
+                           "GpushareExtenderTLSHandshakesRefused", "GpushareExtenderCertificateExpiresSoon"}
+    assert alerts["GpushareExtenderNoLeader"]["labels"]["severity"] == "critical"
+    assert "< 21 * 86400" in alerts["GpushareExtenderCertificateExpiresSoon"]["expr"]  # certificateWarningDays
+    for alert in alerts.values():  # only this release's extender, where several are scraped
+        assert all(f'{name}{{namespace="kube-system"' in alert["expr"] for name in alert_series(alert["expr"]))
+
+
+def alert_series(expr: str) -> set[str]:
+    """The gpushare series a PromQL expression of the chart's rules reads."""
+    return set(re.findall(r"\b(gpushare_\w+)\{", expr))
+
+
+def test_every_series_and_label_the_alerts_read_is_one_the_extender_exports(rendered: dict[str, Docs],
+                                                                             tmp_path: Path) -> None:
+    """A renamed metric or label value would leave its alert silent forever; the extender here serves mutual TLS,
+    as the monitoring scenario does, so every series the rules read is there."""
+    rule = find(rendered["ha-tls-monitoring"], "PrometheusRule")
+    exprs = [r["expr"] for group in rule["spec"]["groups"] for r in group["rules"]]
+    ca = make_ca(tmp_path, "ca")
+    server = issue(ca, tmp_path, "extender", 1, server=True)
+    with LocalCluster(spec(gpu_node("n1", (T4, T4_MIB)))) as cluster, \
+            extender(cluster, tmp_path, "--port", "0", "--health-port", "0", "--tls-cert", server.cert, "--tls-key",
+                     server.key, "--tls-client-ca", ca.cert) as ext:
+        exported: dict[str, set[tuple[str, str]]] = {}
+        for line in httpx.get(ext.health_url + "/metrics").text.splitlines():
+            if match := re.match(r"(\w+)(?:\{(.*)\})? ", line):
+                exported.setdefault(match[1], set()).update(re.findall(r'(\w+)="([^"]*)"', match[2] or ""))
+    for expr in exprs:
+        for name, labels in re.findall(r"\b(gpushare_\w+)\{([^}]*)\}", expr):
+            assert name in exported, f"{name} is not on the extender's /metrics"
+            for label, operator, values in re.findall(r'(\w+)(=~|=)"([^"]*)"', labels):
+                if label != "namespace":  # Prometheus adds it when scraping
+                    for value in values.split("|") if operator == "=~" else [values]:
+                        assert (label, value) in exported[name], f'{name}{{{label}="{value}"}} is never exported'
 
 
 def test_monitoring_objects_only_where_the_prometheus_operator_api_exists(chart_out: Path, tmp_path: Path) -> None:
@@ -240,8 +284,10 @@ def test_monitoring_objects_only_where_the_prometheus_operator_api_exists(chart_
     out = tmp_path / "ha-tls-monitoring"
     docs = [doc for f in sorted(out.glob("*.yaml")) for doc in yaml.safe_load_all(f.read_text()) if doc]
     assert "Deployment" in kinds(docs)
-    assert not {"ServiceMonitor", "PodMonitor"} & kinds(docs)
+    assert not {"ServiceMonitor", "PodMonitor", "PrometheusRule"} & kinds(docs)
     assert warning in (out / "NOTES.txt").read_text()
+    assert "monitoring.prometheusRule.enabled=true, but this cluster has no monitoring.coreos.com/v1 API" in (
+        out / "NOTES.txt").read_text()
 
 
 @pytest.mark.parametrize("scenario", ["default", "self-managed"])
