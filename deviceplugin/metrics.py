@@ -24,6 +24,8 @@ class PluginMetrics:
         self.allocations = Counter("gpushare_deviceplugin_allocations_total",
                                    "Containers allocated (outcome allocated), and Allocate calls refused "
                                    "(no_pending_pod, invalid, error).", ["outcome"], registry=registry)
+        for outcome in ("allocated", "no_pending_pod", "invalid", "error"):  # 0 from the start, for rates
+            self.allocations.labels(outcome)
         self.allocate_seconds = Histogram("gpushare_deviceplugin_allocate_seconds",
                                           "Time to serve one Allocate call that succeeded.", registry=registry,
                                           buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5))

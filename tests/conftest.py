@@ -1,10 +1,11 @@
-"""Shared fixtures: a running local cluster, a helper to describe one, short socket folders, and a check that the
-tests leave nothing behind in the temp directory."""
+"""Shared fixtures: a running local cluster, a helper to describe one, short socket folders, the chart as
+rendered, and a check that the tests leave nothing behind in the temp directory."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +25,17 @@ def cluster_spec(nodes: int = 2, gpus: int = 2, memory_mib: int = 16160, model: 
     return ClusterSpec.model_validate({"nodes": [
         {"name": f"{prefix}-{i}", "gpus": [{"model": model, "memoryMiB": memory_mib, "numa": 0}] * gpus}
         for i in range(nodes)]})
+
+
+@pytest.fixture(scope="session")
+def chart_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What scripts/check_chart.sh wrote: a folder per ci/ values file, rendered with the Prometheus Operator's API."""
+    out = tmp_path_factory.mktemp("chart")
+    result = subprocess.run([str(Path(__file__).resolve().parents[1] / "scripts" / "check_chart.sh"), str(out)],
+                            capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "chart OK" in result.stdout
+    return out
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from alert_rules import alert_rules, unexported_reads
 from test_extender_harness import T4, T4_MIB, gpu_node, spec
 from test_extender_tls import extender
 
@@ -28,17 +29,6 @@ HELM_PYTHON = ROOT / ".venv-helm" / "bin" / "python"
 EXTENDER_URL = "http://gpushare-extender.kube-system.svc:39999/gpushare-scheduler"
 
 Docs = list[dict[str, Any]]
-
-
-@pytest.fixture(scope="module")
-def chart_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """What scripts/check_chart.sh wrote: a folder per ci/ values file, rendered with the Prometheus Operator's API."""
-    out = tmp_path_factory.mktemp("chart")
-    result = subprocess.run([str(ROOT / "scripts" / "check_chart.sh"), str(out)], capture_output=True, text=True,
-                            timeout=600, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "chart OK" in result.stdout
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +191,7 @@ def test_second_scheduler(rendered: dict[str, Docs]) -> None:
             "verbs": ["get", "update"]} in lease_role["rules"]
 
 
-def test_ha_tls_and_monitoring(rendered: dict[str, Docs]) -> None:
+def test_ha_tls_and_monitoring(rendered: dict[str, Docs], chart_out: Path) -> None:
     docs = rendered["ha-tls-monitoring"]
     deployment = find(docs, "Deployment", "gpushare-extender")
     assert deployment["spec"]["replicas"] == 3
@@ -232,44 +222,31 @@ def test_ha_tls_and_monitoring(rendered: dict[str, Docs]) -> None:
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["endpoints"][0]["port"] == "health" and "tlsConfig" not in monitor["spec"]["endpoints"][0]
     assert find(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
-    rule = find(docs, "PrometheusRule", "gpushare-extender")
+    rule = find(docs, "PrometheusRule", "gpushare")
     assert rule["metadata"]["labels"]["release"] == "prometheus"
-    alerts = {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
+    alerts = {r["alert"]: r for r in alert_rules(chart_out, "gpushare-extender")}
     assert set(alerts) == {"GpushareExtenderNoLeader", "GpushareExtenderBindsFailing",
                            "GpushareExtenderTLSHandshakesRefused", "GpushareExtenderCertificateExpiresSoon"}
     assert alerts["GpushareExtenderNoLeader"]["labels"]["severity"] == "critical"
     assert "< 21 * 86400" in alerts["GpushareExtenderCertificateExpiresSoon"]["expr"]  # certificateWarningDays
     for alert in alerts.values():  # only this release's extender, where several are scraped
-        assert all(f'{name}{{namespace="kube-system"' in alert["expr"] for name in alert_series(alert["expr"]))
+        assert all(f'{name}{{namespace="kube-system"' in alert["expr"]
+                   for name in re.findall(r"\b(gpushare_\w+)\{", alert["expr"]))
+    device = {r["alert"] for r in alert_rules(chart_out, "gpushare-device-plugin")}
+    assert device == {"GpushareGPUUnhealthy", "GpushareAllocateFailing"}
 
 
-def alert_series(expr: str) -> set[str]:
-    """The gpushare series a PromQL expression of the chart's rules reads."""
-    return set(re.findall(r"\b(gpushare_\w+)\{", expr))
-
-
-def test_every_series_and_label_the_alerts_read_is_one_the_extender_exports(rendered: dict[str, Docs],
-                                                                             tmp_path: Path) -> None:
-    """A renamed metric or label value would leave its alert silent forever; the extender here serves mutual TLS,
-    as the monitoring scenario does, so every series the rules read is there."""
-    rule = find(rendered["ha-tls-monitoring"], "PrometheusRule")
-    exprs = [r["expr"] for group in rule["spec"]["groups"] for r in group["rules"]]
+def test_every_series_and_label_the_extenders_alerts_read_is_on_its_metrics(chart_out: Path, tmp_path: Path
+                                                                            ) -> None:
+    """The extender serves mutual TLS here, as in the monitoring scenario, so every series the rules read is
+    there; the device plugin's alerts are checked against its own /metrics in test_kubelet.py."""
     ca = make_ca(tmp_path, "ca")
     server = issue(ca, tmp_path, "extender", 1, server=True)
     with LocalCluster(spec(gpu_node("n1", (T4, T4_MIB)))) as cluster, \
             extender(cluster, tmp_path, "--port", "0", "--health-port", "0", "--tls-cert", server.cert, "--tls-key",
                      server.key, "--tls-client-ca", ca.cert) as ext:
-        exported: dict[str, set[tuple[str, str]]] = {}
-        for line in httpx.get(ext.health_url + "/metrics").text.splitlines():
-            if match := re.match(r"(\w+)(?:\{(.*)\})? ", line):
-                exported.setdefault(match[1], set()).update(re.findall(r'(\w+)="([^"]*)"', match[2] or ""))
-    for expr in exprs:
-        for name, labels in re.findall(r"\b(gpushare_\w+)\{([^}]*)\}", expr):
-            assert name in exported, f"{name} is not on the extender's /metrics"
-            for label, operator, values in re.findall(r'(\w+)(=~|=)"([^"]*)"', labels):
-                if label != "namespace":  # Prometheus adds it when scraping
-                    for value in values.split("|") if operator == "=~" else [values]:
-                        assert (label, value) in exported[name], f'{name}{{{label}="{value}"}} is never exported'
+        text = httpx.get(ext.health_url + "/metrics").text
+    assert unexported_reads(alert_rules(chart_out, "gpushare-extender"), text) == []
 
 
 def test_monitoring_objects_only_where_the_prometheus_operator_api_exists(chart_out: Path, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from alert_rules import alert_rules, unexported_reads
 from conftest import short_tmpdir, without_driver
 from kubernetes import client
 
@@ -332,6 +333,11 @@ def test_status_endpoints_and_per_gpu_metrics(node: Rig) -> None:
     assert f"gpushare_gpu_memory_total_mib{{{labels}}} 16160.0" in text
     assert f"gpushare_gpu_healthy{{{labels}}} 1.0" in text
     assert 'gpushare_deviceplugin_allocations_total{outcome="allocated"} 1.0' in text
+
+
+def test_every_series_and_label_the_device_plugin_alerts_read_is_on_its_metrics(node: Rig, chart_out: Path) -> None:
+    text = httpx.get(f"http://127.0.0.1:{node.plugin.status.port}/metrics").text
+    assert unexported_reads(alert_rules(chart_out, "gpushare-device-plugin"), text) == []
 
 
 def test_memory_use_above_a_pods_share_is_logged(caplog: pytest.LogCaptureFixture) -> None:
