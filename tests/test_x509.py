@@ -45,6 +45,20 @@ def test_a_ca_and_a_leaf_expire_when_openssl_says(folder: Path, days: int, key: 
         assert earliest_not_after(certificate.cert.read_text()) == openssl_not_after(certificate.cert)
 
 
+def test_a_version_1_certificate_without_the_version_field_expires_when_openssl_says(folder: Path) -> None:
+    ca = make_ca(folder, "v1-ca")
+    request, leaf = folder / "v1.csr", folder / "v1.crt"
+    subprocess.run(["openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(folder / "v1.key"), "-out", str(request), "-subj", "/CN=v1"], check=True,
+                   capture_output=True)
+    subprocess.run(["openssl", "x509", "-req", "-in", str(request), "-CA", str(ca.cert), "-CAkey", str(ca.key),
+                    "-set_serial", "7", "-days", "3", "-out", str(leaf)], check=True, capture_output=True)
+    text = subprocess.run(["openssl", "x509", "-noout", "-text", "-in", str(leaf)], check=True, capture_output=True,
+                          text=True).stdout
+    assert "Version: 1 (0x0)" in text  # no [0] version field: the TBS starts with the serial number
+    assert earliest_not_after(leaf.read_text()) == openssl_not_after(leaf)
+
+
 def test_a_bundle_expires_with_its_first_certificate_to_expire(folder: Path) -> None:
     cas: list[Issued] = [make_ca(folder, f"bundled-{days}", days=days) for days in (30, 2, 400)]
     bundle = "".join(ca.cert.read_text() for ca in cas)
