@@ -86,11 +86,12 @@ class _TLSCollector(Collector):
         for refusal, count in self._tls.refusals.counts.items():
             refused.add_metric([refusal.value], count)
         yield refused
-        # An expired serving certificate or client CA fails every filter and bind; nothing else says it is coming.
+        # An expired certificate on either side fails every filter and bind; nothing else says it is coming.
         expiration = GaugeMetricFamily(
             "gpushare_extender_tls_certificate_expiration_timestamp_seconds",
-            "When the listener's serving certificate (the first of its chain to expire) and its client CA bundle "
-            "(its first CA to expire) stop being valid, in Unix seconds; the files as they are now on disk.",
+            "When the listener's serving certificate (the first of its chain to expire), its client CA bundle (its "
+            "first CA to expire) and the client certificates it admitted in the last hour (client: the first to "
+            "expire, kube-scheduler's) stop being valid, in Unix seconds; the files as they are now on disk.",
             labels=["certificate"])
         for name, when in self._tls.expiration().items():
             expiration.add_metric([name], when.timestamp())

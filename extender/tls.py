@@ -21,7 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from extender.x509 import CertificateError, earliest_not_after
+from extender.x509 import CertificateError, earliest_not_after, not_after
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,11 @@ _DETAIL_CHARS = 160
 # listeners: Python's default also offers CBC and finite-field DHE suites, which scanners flag and kube-scheduler's
 # Go client never picks. TLS 1.3's suites are all AEAD.
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
+# The client certificates /metrics reports are those admitted in the last hour: kube-scheduler opens connections
+# every few pods, and a certificate it stopped presenting (renewed, or a replica gone) drops out. A bound keeps a
+# client that presents a new certificate on every connection from growing the record.
+CLIENT_CERTIFICATE_WINDOW_S = 3600.0
+CLIENT_CERTIFICATES_KEPT = 64
 
 
 class Refusal(StrEnum):
@@ -127,6 +132,33 @@ class Refusals:
         log.warning("%s%s", _ADVICE[refusal].format(detail=detail), more, extra={"reason": refusal.value})
 
 
+class ClientCertificates:
+    """The client certificates the listener admitted lately, by DER: when each expires and when it was last seen.
+
+    kube-scheduler's client certificate expiring fails every GPU pod as surely as the extender's own, and whether a
+    renewed one is in use shows only in what kube-scheduler presents. Times are the caller's (``time.monotonic()``)
+    so that the record stays a plain function of what it was told.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[bytes, tuple[datetime, float]] = {}
+
+    def admitted(self, der: bytes, now: float) -> None:
+        known = self._seen.pop(der, None)
+        try:
+            expires = known[0] if known is not None else not_after(der)
+        except CertificateError:  # OpenSSL verified it, so this is rare; the gauge leaves it out
+            return
+        self._seen[der] = (expires, now)  # re-inserted: the dict stays ordered by when each was last seen
+        if len(self._seen) > CLIENT_CERTIFICATES_KEPT:
+            del self._seen[next(iter(self._seen))]
+
+    def earliest_expiration(self, now: float) -> datetime | None:
+        """The first to expire of the certificates admitted within ``CLIENT_CERTIFICATE_WINDOW_S`` before ``now``."""
+        recent = [expires for expires, seen in list(self._seen.values()) if now - seen <= CLIENT_CERTIFICATE_WINDOW_S]
+        return min(recent, default=None)
+
+
 def _observed_by(refusals: Refusals, admit: Callable[[ssl.SSLObject], None]) -> type[ssl.SSLObject]:
     """The listener's class of TLS connection: a completed handshake goes through ``admit``, which may refuse it,
     and ``refusals`` hears of every handshake that failed."""
@@ -194,6 +226,7 @@ class ServerTLS:
         self.context = self._load()
         self.context.sni_callback = self._on_client_hello
         self.refusals = Refusals()
+        self.clients = ClientCertificates()
         # The event loop wraps each accepted connection in the context's ``sslobject_class`` (uvloop's and
         # asyncio's TLS both do), and the ClientHello's hand-off to ``current()`` keeps the object.
         self.context.sslobject_class = _observed_by(self.refusals, self._admit)
@@ -241,14 +274,16 @@ class ServerTLS:
             return self._current
 
     def expiration(self) -> dict[str, datetime]:
-        """When the certificate the next connection is served (its chain's first to expire) and the client CA
-        bundle (its first CA to expire) stop being valid, the files loaded again first if they changed.
+        """When the certificate the next connection is served (its chain's first to expire), the client CA bundle
+        (its first CA to expire) and the clients' certificates admitted lately (the first to expire) stop being
+        valid, the files loaded again first if they changed.
 
-        A renewal shows here before any client connects, so an alert on it does not fire for a certificate already
-        replaced on disk in a quiet cluster.
+        A renewal on disk shows here before any client connects, so an alert on it does not fire for a certificate
+        already replaced in a quiet cluster.
         """
         self.current()
-        return self._expiration
+        client = self.clients.earliest_expiration(time.monotonic())
+        return self._expiration if client is None else {**self._expiration, "client": client}
 
     def _read_expiration(self) -> dict[str, datetime]:
         files = {"serving": self._cert} if self._client_ca is None else {"serving": self._cert,
@@ -266,13 +301,17 @@ class ServerTLS:
         connection.context = self.current()
 
     def _admit(self, connection: ssl.SSLObject) -> None:
-        """Refuse a verified client certificate that names none of ``client_names``, when they are given."""
-        if not self._client_names or connection.getpeercert(binary_form=True) in self._own:
+        """Refuse a verified client certificate that names none of ``client_names``, when they are given; note when
+        each admitted one expires, the replicas' own aside (it is the serving certificate)."""
+        der = connection.getpeercert(binary_form=True)
+        if der is None or der in self._own:
             return
-        certificate = connection.getpeercert()
-        names = certificate_names(certificate) if certificate else ()
-        if self._client_names.isdisjoint(names):
-            raise ClientNameRefused(names, self._client_names)
+        if self._client_names:
+            certificate = connection.getpeercert()
+            names = certificate_names(certificate) if certificate else ()
+            if self._client_names.isdisjoint(names):
+                raise ClientNameRefused(names, self._client_names)
+        self.clients.admitted(der, time.monotonic())
 
 
 class ClientTLS:

@@ -28,7 +28,14 @@ from kubernetes import client
 from test_extender_harness import T4, T4_MIB, create_pod, free_port, gpu_node, metric, pod_body, spec, wait_for
 from test_x509 import openssl_not_after
 
-from extender.tls import Refusal, certificate_names
+from extender.tls import (
+    CLIENT_CERTIFICATE_WINDOW_S,
+    CLIENT_CERTIFICATES_KEPT,
+    ClientCertificates,
+    Refusal,
+    certificate_names,
+)
+from extender.x509 import not_after
 from gpushare.localcluster import LocalCluster
 from gpushare.localcluster.pki import Issued, client_context, issue, make_ca
 from gpushare.localcluster.scheduler import SchedulerLoop
@@ -240,6 +247,48 @@ def test_the_certificates_expiration_is_on_metrics_and_a_renewal_shows_there_bef
     [start] = [entry for entry in ext.logs if entry["msg"] == "starting gpushare extender"]
     assert start["tls"] == "mutual"
     assert start["serving_expires"] == openssl_not_after(first.cert).isoformat()
+
+
+def test_the_first_client_certificate_to_expire_of_those_admitted_is_on_metrics(cluster: LocalCluster,
+                                                                               tmp_path: Path) -> None:
+    """kube-scheduler's certificate expiring fails every GPU pod too, and only what it presents says whether a
+    renewed one is in use; the replicas' own certificate (the serving one, for forwarded binds) is not a client's."""
+    ca = make_ca(tmp_path, "ca", days=90)
+    server = issue(ca, tmp_path, "extender", 1, server=True, days=60)
+    soon, later = (issue(ca, tmp_path, f"kube-scheduler-{days}-days", 2 + days, False, days=days) for days in (3, 10))
+    client = 'gpushare_extender_tls_certificate_expiration_timestamp_seconds{certificate="client"}'
+    with extender(cluster, tmp_path, "--port", "0", "--health-port", "0", "--tls-cert", server.cert, "--tls-key",
+                  server.key, "--tls-client-ca", ca.cert) as ext:
+        port = int(ext.url.rsplit(":", 1)[1])
+        served_certificate(port, client_context(ca, server))
+        assert metric(ext.health_url, client) == 0.0  # none admitted yet but the replicas' own
+        served_certificate(port, client_context(ca, later))
+        assert metric(ext.health_url, client) == openssl_not_after(later.cert).timestamp()
+        served_certificate(port, client_context(ca, soon))
+        served_certificate(port, client_context(ca, later))
+        assert metric(ext.health_url, client) == openssl_not_after(soon.cert).timestamp()
+
+
+def test_client_certificates_drop_out_an_hour_after_they_were_last_admitted_and_the_record_is_bounded(
+        tmp_path: Path) -> None:
+    ca = make_ca(tmp_path, "ca", days=90)
+    soon, later = (ssl.PEM_cert_to_DER_cert(issue(ca, tmp_path, f"c{days}", days, False, days=days).cert.read_text())
+                   for days in (3, 10))
+    clients = ClientCertificates()
+    assert clients.earliest_expiration(0.0) is None
+    clients.admitted(soon, 100.0)
+    clients.admitted(later, 200.0)
+    assert clients.earliest_expiration(200.0) == not_after(soon)
+    assert clients.earliest_expiration(100.0 + CLIENT_CERTIFICATE_WINDOW_S + 1) == not_after(later)
+    clients.admitted(soon, 5000.0)  # presented again: back in the window
+    assert clients.earliest_expiration(5000.0 + CLIENT_CERTIFICATE_WINDOW_S) == not_after(soon)
+    # A client with a new certificate on every connection (a byte past a certificate's end makes another DER with
+    # the same dates): the record keeps the latest seen, and the one seen longest ago goes.
+    clients = ClientCertificates()
+    clients.admitted(soon, 6000.0)
+    for serial in range(CLIENT_CERTIFICATES_KEPT):
+        clients.admitted(later + bytes([serial]), 6000.0)
+    assert clients.earliest_expiration(6000.0) == not_after(later)
 
 
 def test_no_session_ticket_is_issued_since_kube_scheduler_never_resumes_a_session(cluster: LocalCluster, pki: Pki,
