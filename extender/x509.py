@@ -41,12 +41,14 @@ def _element(der: bytes, at: int) -> tuple[int, int, int]:
 def _time(tag: int, text: bytes) -> datetime:
     value = text.decode("ascii", errors="replace")
     if tag == _UTC_TIME and len(value) == 13 and value.endswith("Z"):
-        year = int(value[:2])  # RFC 5280: two-digit years 50-99 are 19xx, 00-49 are 20xx
-        value = f"{1900 + year if year >= 50 else 2000 + year}{value[2:]}"
-    elif tag != _GENERALIZED_TIME or len(value) != 15 or not value.endswith("Z"):
+        # RFC 5280: two-digit years 50-99 are 19xx, 00-49 are 20xx.
+        full = f"{'19' if value[:2] >= '50' else '20'}{value}"
+    elif tag == _GENERALIZED_TIME and len(value) == 15 and value.endswith("Z"):
+        full = value
+    else:
         raise CertificateError(f"the certificate's validity holds {value!r}, not a UTC time as RFC 5280 asks")
     try:
-        return datetime.strptime(value, "%Y%m%d%H%M%SZ").replace(tzinfo=UTC)
+        return datetime.strptime(full, "%Y%m%d%H%M%SZ").replace(tzinfo=UTC)
     except ValueError:
         raise CertificateError(f"the certificate's validity holds {value!r}, not a date") from None
 

@@ -71,6 +71,16 @@ def test_a_file_without_a_certificate_is_an_error_that_says_so(folder: Path) -> 
         earliest_not_after(key)
 
 
+@given(text=st.text(alphabet="0123456789Zab:+-. ", min_size=13, max_size=13), generalized=st.booleans())
+def test_any_validity_text_gives_a_date_or_a_certificate_error(der: bytes, text: str, generalized: bool) -> None:
+    """The notAfter field replaced by any short text, as a UTCTime or a GeneralizedTime."""
+    after = der.index(b"\x17\x0d", der.index(b"\x17\x0d") + 1)  # the second UTCTime: notAfter (a CA of a day)
+    # Thirteen characters keep every length byte right: only the time's tag and content change.
+    changed = der[:after] + (b"\x18" if generalized else b"\x17") + b"\x0d" + text.encode() + der[after + 15:]
+    with contextlib.suppress(CertificateError):
+        assert isinstance(not_after(changed), datetime)
+
+
 @given(cut=st.integers(min_value=0, max_value=300))
 def test_a_truncated_certificate_is_an_error_not_a_crash(der: bytes, cut: int) -> None:
     with pytest.raises(CertificateError):
