@@ -376,6 +376,10 @@ def render_values(tmp_path: Path, rendered: dict[str, Docs]) -> Iterator[Any]:
      "extender.tls.clientNames narrows the client certificates that the client CA accepts"),
     ({"extender": {"tls": {"enabled": True, "secretName": "s", "clientNames": ["a,b"]}}},
      "at '/extender/tls/clientNames/0'"),
+    ({"monitoring": {"prometheusRule": {"enabled": True, "certificateWarningDays": 0}}},
+     "at '/monitoring/prometheusRule/certificateWarningDays'"),
+    ({"monitoring": {"prometheusRule": {"enabled": True, "interval": "30s"}}},
+     "additional properties 'interval' not allowed"),
 ])
 def test_bad_values_fail_with_a_reason(render_values: Any, values: dict[str, Any], message: str) -> None:
     code, failure = render_values(values)
