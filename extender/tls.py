@@ -21,7 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from extender.x509 import CertificateError, earliest_not_after, not_after
+from extender.x509 import CertificateError, earliest_not_after, not_after, pem_certificates
 
 log = logging.getLogger(__name__)
 
@@ -177,12 +177,6 @@ def _observed_by(refusals: Refusals, admit: Callable[[ssl.SSLObject], None]) -> 
     return ObservedSSLObject
 
 
-def _der(pem_file: Path) -> bytes:
-    """The first certificate of a PEM file, in DER: what a peer presenting it shows."""
-    text = pem_file.read_text()
-    footer = "-----END CERTIFICATE-----"
-    return ssl.PEM_cert_to_DER_cert(text[:text.index(footer) + len(footer)])
-
 _Stamp = tuple[tuple[int, int, int, int], ...]
 
 
@@ -218,11 +212,12 @@ class ServerTLS:
         # files' stamp, the context and the certificates' dates of one moment together.
         self._reloading = threading.Lock()
         self._current = self._load()  # an unreadable file at start is the caller's error to report
-        self._expiration = self._read_expiration()
+        chain = pem_certificates(cert.read_text())
+        self._expiration = self._read_expiration(chain)
         # The replicas forward binds to the leader presenting this same certificate (the chart mounts one Secret):
         # it is admitted whatever it names, and so is the one before a renewal, which another replica's kubelet may
         # not have replaced yet.
-        self._own: tuple[bytes, ...] = (_der(cert),)
+        self._own: tuple[bytes, ...] = (chain[0],)
         self.context = self._load()
         self.context.sni_callback = self._on_client_hello
         self.refusals = Refusals()
@@ -259,15 +254,15 @@ class ServerTLS:
                 return self._current
             try:
                 current = self._load()
-                own = _der(self._cert)
+                chain = pem_certificates(self._cert.read_text())
             except (OSError, ValueError, ssl.SSLError) as exc:
                 log.warning("the TLS files changed but could not be loaded; still serving the previous certificate "
                             "and client CA: %s", exc, extra={"cert": str(self._cert)})
                 return self._current
             self._current = current
-            if own != self._own[0]:  # a new client CA, or the same files written again, renews nothing
-                self._own = (own, self._own[0])
-            self._expiration = self._read_expiration()
+            if chain[0] != self._own[0]:  # a new client CA, or the same files written again, renews nothing
+                self._own = (chain[0], self._own[0])
+            self._expiration = self._read_expiration(chain)
             self._seen = seen
             log.info("loaded the renewed TLS certificate", extra={"cert": str(self._cert), **{
                 f"{name}_expires": when.isoformat() for name, when in self._expiration.items()}})
@@ -285,15 +280,20 @@ class ServerTLS:
         client = self.clients.earliest_expiration(time.monotonic())
         return self._expiration if client is None else {**self._expiration, "client": client}
 
-    def _read_expiration(self) -> dict[str, datetime]:
-        files = {"serving": self._cert} if self._client_ca is None else {"serving": self._cert,
-                                                                         "client_ca": self._client_ca}
+    def _read_expiration(self, chain: list[bytes]) -> dict[str, datetime]:
+        """When the served ``chain`` and the client CA file expire; one OpenSSL loaded but whose dates cannot be read
+        (rare) is logged and left out of /metrics."""
         dates = {}
-        for name, path in files.items():
+        try:
+            dates["serving"] = earliest_not_after(chain)
+        except CertificateError as exc:
+            log.warning("could not read when the TLS file %s expires, so /metrics leaves it out: %s", self._cert, exc)
+        if self._client_ca is not None:
             try:
-                dates[name] = earliest_not_after(path.read_text())
-            except (OSError, CertificateError) as exc:  # OpenSSL loaded the file, so this is rare: say it, go on
-                log.warning("could not read when the TLS file %s expires, so /metrics leaves it out: %s", path, exc)
+                dates["client_ca"] = earliest_not_after(pem_certificates(self._client_ca.read_text()))
+            except (OSError, CertificateError) as exc:
+                log.warning("could not read when the TLS file %s expires, so /metrics leaves it out: %s",
+                            self._client_ca, exc)
         return dates
 
     def _on_client_hello(self, connection: ssl.SSLObject | ssl.SSLSocket, _server_name: str | None,

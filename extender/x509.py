@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import ssl
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 _SEQUENCE, _VERSION, _UTC_TIME, _GENERALIZED_TIME = 0x30, 0xA0, 0x17, 0x18
@@ -74,10 +75,15 @@ def not_after(der: bytes) -> datetime:
     return _time(tag, der[start:end])
 
 
-def earliest_not_after(pem: str) -> datetime:
-    """When the first of a PEM bundle's certificates to expire does: a served chain fails verification from then
-    on, and so does a client certificate signed by that CA of a bundle."""
-    blocks = _PEM_CERTIFICATE.findall(pem)
-    if not blocks:
+def pem_certificates(pem: str) -> list[bytes]:
+    """The certificates of a PEM text, in DER and in order (a served chain's own certificate first)."""
+    certificates = [ssl.PEM_cert_to_DER_cert(block) for block in _PEM_CERTIFICATE.findall(pem)]
+    if not certificates:
         raise CertificateError("the file holds no PEM certificate")
-    return min(not_after(ssl.PEM_cert_to_DER_cert(block)) for block in blocks)
+    return certificates
+
+
+def earliest_not_after(certificates: Sequence[bytes]) -> datetime:
+    """When the first of a bundle's DER certificates to expire does: a served chain fails verification from then
+    on, and so does a client certificate signed by that CA of a bundle."""
+    return min(not_after(der) for der in certificates)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender.x509 import CertificateError, earliest_not_after, not_after
+from extender.x509 import CertificateError, earliest_not_after, not_after, pem_certificates
 from gpushare.localcluster.pki import Issued, KeyKind, issue, make_ca
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for certificates")
@@ -42,7 +42,7 @@ def test_a_ca_and_a_leaf_expire_when_openssl_says(folder: Path, days: int, key: 
     ca = make_ca(folder, f"ca-{key}-{days}", key, days)
     leaf = issue(ca, folder, f"leaf-{key}-{days}", days, server=True, key=key, days=days)
     for certificate in (ca, leaf):
-        assert earliest_not_after(certificate.cert.read_text()) == openssl_not_after(certificate.cert)
+        assert earliest_not_after(pem_certificates(certificate.cert.read_text())) == openssl_not_after(certificate.cert)
 
 
 def test_a_version_1_certificate_without_the_version_field_expires_when_openssl_says(folder: Path) -> None:
@@ -56,19 +56,19 @@ def test_a_version_1_certificate_without_the_version_field_expires_when_openssl_
     text = subprocess.run(["openssl", "x509", "-noout", "-text", "-in", str(leaf)], check=True, capture_output=True,
                           text=True).stdout
     assert "Version: 1 (0x0)" in text  # no [0] version field: the TBS starts with the serial number
-    assert earliest_not_after(leaf.read_text()) == openssl_not_after(leaf)
+    assert earliest_not_after(pem_certificates(leaf.read_text())) == openssl_not_after(leaf)
 
 
 def test_a_bundle_expires_with_its_first_certificate_to_expire(folder: Path) -> None:
     cas: list[Issued] = [make_ca(folder, f"bundled-{days}", days=days) for days in (30, 2, 400)]
     bundle = "".join(ca.cert.read_text() for ca in cas)
-    assert earliest_not_after(bundle) == openssl_not_after(cas[1].cert)
+    assert earliest_not_after(pem_certificates(bundle)) == openssl_not_after(cas[1].cert)
 
 
 def test_a_file_without_a_certificate_is_an_error_that_says_so(folder: Path) -> None:
     key = make_ca(folder, "only-key").key.read_text()
     with pytest.raises(CertificateError, match="holds no PEM certificate"):
-        earliest_not_after(key)
+        pem_certificates(key)
 
 
 @given(text=st.text(alphabet="0123456789Zab:+-. ", min_size=13, max_size=13), generalized=st.booleans())
