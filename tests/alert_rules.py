@@ -22,6 +22,11 @@ def alert_rules(chart_out: Path, group: str) -> list[dict[str, Any]]:
     return rules
 
 
+def series_read(expr: str) -> list[tuple[str, str]]:
+    """The gpushare series a rule's PromQL expression reads, each with its selector's text."""
+    return re.findall(r"\b(gpushare_\w+)\{([^}]*)\}", expr)
+
+
 def unexported_reads(rules: list[dict[str, Any]], metrics_text: str) -> list[str]:
     """Each series, or label value of a selector, that the rules read and ``metrics_text`` never exports
     (``namespace`` aside: Prometheus adds it when scraping)."""
@@ -31,7 +36,7 @@ def unexported_reads(rules: list[dict[str, Any]], metrics_text: str) -> list[str
             exported.setdefault(match[1], set()).update(re.findall(r'(\w+)="([^"]*)"', match[2] or ""))
     missing = []
     for rule in rules:
-        reads = re.findall(r"\b(gpushare_\w+)\{([^}]*)\}", rule["expr"])
+        reads = series_read(rule["expr"])
         if not reads:
             missing.append(f"{rule['alert']} reads no gpushare series")
         for name, selector in reads:

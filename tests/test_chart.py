@@ -3,7 +3,6 @@ validates every manifest against the Kubernetes 1.30 schema), then checked for w
 
 from __future__ import annotations
 
-import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from alert_rules import alert_rules, unexported_reads
+from alert_rules import alert_rules, series_read, unexported_reads
 from test_extender_harness import T4, T4_MIB, gpu_node, spec
 from test_extender_tls import extender
 
@@ -230,8 +229,7 @@ def test_ha_tls_and_monitoring(rendered: dict[str, Docs], chart_out: Path) -> No
     assert alerts["GpushareExtenderNoLeader"]["labels"]["severity"] == "critical"
     assert "< 21 * 86400" in alerts["GpushareExtenderCertificateExpiresSoon"]["expr"]  # certificateWarningDays
     for alert in alerts.values():  # only this release's extender, where several are scraped
-        assert all(f'{name}{{namespace="kube-system"' in alert["expr"]
-                   for name in re.findall(r"\b(gpushare_\w+)\{", alert["expr"]))
+        assert all(selector.startswith('namespace="kube-system"') for _, selector in series_read(alert["expr"]))
     device = {r["alert"] for r in alert_rules(chart_out, "gpushare-device-plugin")}
     assert device == {"GpushareGPUUnhealthy", "GpushareAllocateFailing"}
 
