@@ -2,12 +2,14 @@
 # and gpushare. The Helm chart picks the entry point per workload.
 #
 #   docker build -t gpushare:0.1.0 \
-#     --build-arg PYTHON_DIGEST=sha256:<index digest of python:3.11-slim-bookworm> \
+#     --build-arg PYTHON_DIGEST=sha256:<index digest of python:3.11-slim-trixie> \
 #     --build-arg REVISION=$(git rev-parse HEAD) --build-arg CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ) .
 #
 # PYTHON_DIGEST pins the base image by content; docs/install.md says how to look it up. Without it the build takes
-# whatever the tag points to on the day, so release builds pass it.
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# whatever the tag points to on the day, so release builds pass it. Debian trixie, not bookworm: its OpenSSL 3.5
+# does the extender's mutual-TLS handshake in about 0.6 of OpenSSL 3.0's CPU (docs/extender.md). The lock's wheels
+# also install on bookworm (scripts/check_lock.py), so PYTHON_IMAGE=python:3.11-slim-bookworm still builds.
+ARG PYTHON_IMAGE=python:3.11-slim-trixie
 ARG PYTHON_DIGEST=
 
 # Build: every file pip installs is checked against a sha256 from the lock (requirements-*.txt, generated from

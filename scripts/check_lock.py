@@ -33,8 +33,9 @@ IMAGE_FIX = ("run .venv/bin/python scripts/image_requirements.py (after installi
              "requirements-image.txt and requirements-build.txt")
 IMAGE_FILES = {"requirements-image.txt": "[project].dependencies", "requirements-build.txt": "[build-system].requires"}
 
-# The image: python:3.11-slim-bookworm (glibc 2.36) on both architectures a Kubernetes GPU node runs. A wheel tagged
-# for any of these platforms installs there: manylinux_2_5 to _2_36 and their older aliases.
+# The image: python:3.11-slim-trixie (glibc 2.41) on both architectures a Kubernetes GPU node runs, or -bookworm
+# (glibc 2.36) where an operator builds on it. A wheel tagged for any of these platforms installs on either:
+# manylinux_2_5 to _2_36 and their older aliases.
 IMAGE_PLATFORMS = {arch: [f"manylinux_2_{minor}_{arch}" for minor in range(36, 4, -1)]
                    + [f"{alias}_{arch}" for alias in ("manylinux2014", "manylinux2010", "manylinux1", "linux")]
                    for arch in ("x86_64", "aarch64")}
