@@ -18,10 +18,12 @@ def test_both_passes_place_the_pods_and_the_same_inputs_give_the_same_choices(
     write_pods(tmp_path, "gpuspec20", [(4000, 8192, 1, 250, "P100"), (8000, 16384, 1, 500, ""),
                                        (16000, 32768, 2, 1000, "G2")])
     argv = ["--nodes", "12", "--pods", "30", "--window", "5", "--data", str(tmp_path)]
-    runs = []
+    runs, stretches = [], []
     for _ in range(2):
         assert bench_filter.main(argv) == 0
-        runs.append([line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:])
+        summary, by_stretch = capsys.readouterr().out.split("\n\n")
+        runs.append(table_rows(summary))
+        stretches.append(table_rows(by_stretch))
     rows = runs[0]
     assert [row[1].strip() for row in rows] == [bench_filter.BASELINE, "fgd-scarcity"]
     # 12 nodes hold the 30 pods: every filter passed a node and every reservation was made.
@@ -30,3 +32,17 @@ def test_both_passes_place_the_pods_and_the_same_inputs_give_the_same_choices(
     # The slowest filter but the first is no faster than the median (both in ms).
     assert all(float(row[5]) >= float(row[3]) for row in rows)
     assert [row[11] for row in runs[1]] == [row[11] for row in rows]  # the same choices, pod for pod
+    # Each pass in fifths of its 30 pods, in order; the fifths' states scored afresh and times add up to the pass's.
+    fifths = stretches[0]
+    setups = (bench_filter.BASELINE, "fgd-scarcity")
+    assert [(row[1].strip(), row[2].strip()) for row in fifths] == [
+        (setup, f"{first}-{first + 5}") for setup in setups for first in range(1, 30, 6)]
+    for summary_row in rows:
+        mine = [row for row in fifths if row[1].strip() == summary_row[1].strip()]
+        assert sum(float(row[5]) for row in mine) / 5 == pytest.approx(float(summary_row[7]), abs=0.06)
+        assert sum(float(row[3]) for row in mine) / 5 == pytest.approx(float(summary_row[2]), abs=0.002)  # mean, ms
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of each row of the GitHub table in ``text``, its header left out."""
+    return [line.split("|") for line in text.splitlines() if line.startswith("| ")][1:]
