@@ -154,12 +154,24 @@ def fit_check(request: PodRequest) -> Callable[[NodeSummary], bool]:
         k = need - 1
         return lambda s: s.cpu_free >= cpu and s.memory_free >= memory and len(s.frees) > k and s.frees[k] >= per_gpu
 
+    # Whether the request accepts each model met, asked once per model: a fleet has a few, and a filter late in a
+    # full cluster judges hundreds of states, each of whose GPUs ``ModelRule.accepts`` would lower-case and look up
+    # (a filter's judging 474 us against 197 for a pod without a model rule, 15,000 of openb's nodes, 40,000 pods).
+    accepted: dict[str, bool] = {}
+
     def check(s: NodeSummary) -> bool:
         if s.cpu_free < cpu or s.memory_free < memory:
             return False
-        hosts = sum(1 for model, free, compute_used, idle in s.gpus if models.accepts(model) and (
+        hosts = 0
+        for model, free, compute_used, idle in s.gpus:
+            accepts = accepted.get(model)
+            if accepts is None:
+                accepts = accepted[model] = models.accepts(model)
+            if not accepts:
+                continue
             # An idle GPU's free memory is its total: an exclusive pod needs one at least as big as its share.
-            idle and free >= per_gpu if exclusive else free >= per_gpu and compute_used + compute <= 100))
+            if idle and free >= per_gpu if exclusive else free >= per_gpu and compute_used + compute <= 100:
+                hosts += 1
         return hosts >= need
 
     return check
