@@ -191,14 +191,14 @@ def table(passes: Sequence[Pass]) -> str:
                                    "unplaced", "choices"], tablefmt="github")
 
 
-def by_stretch(passes: Sequence[Pass], parts: int = STRETCHES) -> str:
-    """Each pass's filters in ``parts`` stretches of the run, in order: as the cluster fills, its nodes' states grow
+def by_stretch(passes: Sequence[Pass]) -> str:
+    """Each pass's filters in ``STRETCHES`` stretches of the run, in order: as the cluster fills, its nodes' states grow
     apart and a window holds more of them, so a shape new to the policy scores more states afresh (a mean over the
     whole run hides it)."""
     rows = []
     for run in passes:
         count = len(run.filter_ms)
-        bounds = [count * part // parts for part in range(parts + 1)]
+        bounds = [count * part // STRETCHES for part in range(STRETCHES + 1)]
         for first, end in itertools.pairwise(bounds):
             if first == end:
                 continue
