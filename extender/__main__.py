@@ -12,7 +12,7 @@ import uvicorn
 
 from extender.app import HealthOnly, create_app
 from extender.config import ConfigError, ExtenderConfig, parse_config
-from extender.tls import ServerTLS
+from extender.tls import ServerTLS, expiration_fields
 from gpushare import __version__
 from gpushare.kube.client import KubeConfigError, connect
 from gpushare.logs import configure_logging
@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "lease": f"{leader.namespace}/{leader.name}" if leader else None,
         "identity": leader.identity if leader else None, "advertise_url": leader.advertise_url if leader else None,
         "compiled": compiled_modules, "tls": None if tls is None else "mutual" if tls.mutual else "server",
-        **{f"{name}_expires": when.isoformat() for name, when in expiration.items()}})
+        **expiration_fields(expiration)})
     if not compiled_modules:
         log.warning("the placement policies run as Python, not compiled: each filter costs about a third more CPU. "
                     "The install found no C compiler; install gcc and the Python headers, then install gpushare again")

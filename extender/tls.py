@@ -159,6 +159,11 @@ class ClientCertificates:
         return min(recent, default=None)
 
 
+def expiration_fields(expiration: Mapping[str, datetime]) -> dict[str, str]:
+    """``ServerTLS.expiration``'s dates as log fields: ``serving_expires`` and the like, in ISO 8601."""
+    return {f"{name}_expires": when.isoformat() for name, when in expiration.items()}
+
+
 def _observed_by(refusals: Refusals, admit: Callable[[ssl.SSLObject], None]) -> type[ssl.SSLObject]:
     """The listener's class of TLS connection: a completed handshake goes through ``admit``, which may refuse it,
     and ``refusals`` hears of every handshake that failed."""
@@ -264,8 +269,8 @@ class ServerTLS:
                 self._own = (chain[0], self._own[0])
             self._expiration = self._read_expiration(chain)
             self._seen = seen
-            log.info("loaded the renewed TLS certificate", extra={"cert": str(self._cert), **{
-                f"{name}_expires": when.isoformat() for name, when in self._expiration.items()}})
+            log.info("loaded the renewed TLS certificate",
+                     extra={"cert": str(self._cert), **expiration_fields(self._expiration)})
             return self._current
 
     def expiration(self) -> dict[str, datetime]:

@@ -247,6 +247,9 @@ def test_the_certificates_expiration_is_on_metrics_and_a_renewal_shows_there_bef
     [start] = [entry for entry in ext.logs if entry["msg"] == "starting gpushare extender"]
     assert start["tls"] == "mutual"
     assert start["serving_expires"] == openssl_not_after(first.cert).isoformat()
+    [reload] = [entry for entry in ext.logs if entry["msg"] == "loaded the renewed TLS certificate"]
+    assert reload["serving_expires"] == openssl_not_after(renewed.cert).isoformat()
+    assert reload["client_ca_expires"] == openssl_not_after(ca.cert).isoformat()
 
 
 def test_the_first_client_certificate_to_expire_of_those_admitted_is_on_metrics(cluster: LocalCluster,
