@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.inspect import inspect_nodes
-from gpushare.cache.fitindex import read_window, sort_window
+from gpushare.cache.fitindex import NodeSummary, fit_check, read_window, sort_window
 from gpushare.cache.state import (
     BRACKET_SWEEP_EVERY,
     BRACKET_TABLES,
@@ -29,6 +29,7 @@ from gpushare.contract import (
     ContainerInfo,
     GPUInventoryEntry,
     MemoryUnit,
+    ModelRule,
     NodeInfo,
     PodInfo,
     PodRequest,
@@ -895,3 +896,18 @@ def test_answers_do_not_carry_over_from_a_table_no_longer_kept() -> None:
     reads.clear()
     assert cache.evaluate_memoised(["n1"], ("family", 2), free, carry=Carry("family", 2, always)) == [16]
     assert reads == ["n1"]
+
+
+def test_each_model_rule_judges_the_models_it_met_by_its_own_answers() -> None:
+    """A fit check remembers its rule's answer per GPU model for the states it judges next; another request's check,
+    with another rule, answers by its own, however the two are interleaved."""
+    v100 = NodeSummary(cpu_free=8000, memory_free=8192, frees=(8,), gpus=(("V100", 8, 0, False),))
+    t4 = NodeSummary(cpu_free=8000, memory_free=8192, frees=(8,), gpus=(("T4", 8, 0, False),))
+    mixed = NodeSummary(cpu_free=8000, memory_free=8192, frees=(8, 8),
+                        gpus=(("T4", 8, 0, False), ("V100", 8, 0, False)))
+    only_v100 = fit_check(PodRequest(per_gpu=4, models=ModelRule(include=("v100",))))
+    not_v100 = fit_check(PodRequest(per_gpu=4, models=ModelRule(exclude=("v100",))))
+    both_v100 = fit_check(PodRequest(per_gpu=4, gpu_count=2, models=ModelRule(include=("v100",))))
+    assert [only_v100(v100), not_v100(v100), only_v100(t4), not_v100(t4)] == [True, False, False, True]
+    # Two GPUs, one of each model: a pod wanting two V100s counts the V100 only, whatever it met before.
+    assert [only_v100(mixed), not_v100(mixed), both_v100(v100), both_v100(mixed)] == [True, True, False, False]
