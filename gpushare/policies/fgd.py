@@ -293,6 +293,9 @@ class DemandSides:
         accepts = self._accepted(model, len(self._demands))
         moving, reach = self._moving, self._reach
         used = used_second = 0
+        # FGD's terms are one product each (``FragmentationMeasure.linear``): read as such, not called.
+        first_linear = measure.linear(cpu)
+        second_linear = None if second is None else second.linear(second_cpu)
         afresh: list[int] = []
         # An indexed loop over ints: compiled, the moved numbers stay machine integers, never boxed.
         for j in range(0, len(hosted), 4):
@@ -310,8 +313,13 @@ class DemandSides:
                     if copies <= 0:
                         continue
                     usable -= free - (left if left >= per_gpu else 0)
-            used += measure.term(cpu, i, usable, copies, hosted[j + 3])
-            if second is not None:
+            if first_linear is not None:
+                used += first_linear[i] * usable
+            else:
+                used += measure.term(cpu, i, usable, copies, hosted[j + 3])
+            if second_linear is not None:
+                used_second += second_linear[i] * usable
+            elif second is not None:
                 used_second += second.term(second_cpu, i, usable, copies, hosted[j + 3])
         if afresh:
             listed = cast(tuple[int, ...], tuple(self._hosted(pools, afresh)))
@@ -433,6 +441,11 @@ class FragmentationMeasure:
         # Per demand's number its shapes by the rank of their CPU among the thresholds (what a state records).
         self._by_rank = self.by_number(Weights.of((rank_left(self.thresholds, cpu), w) for cpu, w in pairs)
                                        for pairs in shapes.values())
+        # Per key of a node's free CPU in a state, the weight of the shapes that CPU lets run, by demand's number (0
+        # outside the target): ``term`` reads one number instead of bisecting a demand's shapes at each call, and a
+        # key's row is worked out the first time it is met. At most a row per threshold and one more, each as long as
+        # the numbering: 2 MB with every one of ``MAX_SHAPES`` shapes its own CPU and every key met.
+        self._weights_at: list[tuple[int, ...] | None] = [None] * (len(self.thresholds) + 1)
         # F per state, for this target only: a new target comes with a new measure, so no answer outlives its target.
         self._memo: dict[StateKey, int] = {}
 
@@ -489,19 +502,34 @@ class FragmentationMeasure:
     def used(self, cpu: int, hosted: tuple[int, ...]) -> int:
         """What the target could use of the memory of the demands listed in ``hosted`` (four numbers each, as a
         ``GPUSide`` lists them), weighted, on a node whose free CPU has ``cpu`` as its key in a state."""
+        linear = self.linear(cpu)
         used = 0
         for i in range(0, len(hosted), 4):
-            used += self.term(cpu, hosted[i], hosted[i + 1], hosted[i + 2], hosted[i + 3])
+            if linear is not None:
+                used += linear[hosted[i]] * hosted[i + 1]
+            else:
+                used += self.term(cpu, hosted[i], hosted[i + 1], hosted[i + 2], hosted[i + 3])
         return used
 
     def term(self, cpu: int, number: int, usable: int, copies: int, per_copy: int) -> int:
         """``used`` for one demand (by its number) of which ``copies`` fit, using ``usable`` memory, ``per_copy`` a
         copy."""
-        ranks = self._by_rank[number]
-        if ranks is None:  # no shape of the target wants it
-            return 0
-        # The shapes whose CPU the node still has: the others can use nothing.
-        return ranks.below[rank_left(ranks.keys, cpu)] * usable
+        return self._weights(cpu)[number] * usable
+
+    def linear(self, cpu: int) -> tuple[int, ...] | None:
+        """Where ``term`` is a demand's usable memory times a weight that depends on the CPU key alone (FGD's), those
+        weights by demand's number at ``cpu``, for callers that sum many terms at one key to multiply instead of
+        calling ``term``; ``None`` where it is not (the lookahead's)."""
+        return self._weights(cpu)
+
+    def _weights(self, cpu: int) -> tuple[int, ...]:
+        """The weights ``term`` multiplies at ``cpu``, by demand's number (see ``_weights_at``)."""
+        weights = self._weights_at[cpu]
+        if weights is None:
+            # The shapes whose CPU the node still has: the others can use nothing.
+            weights = self._weights_at[cpu] = tuple(0 if ranks is None else ranks.below[rank_left(ranks.keys, cpu)]
+                                                    for ranks in self._by_rank)
+        return weights
 
     def gpu_side(self, pools: tuple[Pool, ...]) -> GPUSide:
         """The pools' idle memory, and the four numbers of each demand of which a copy fits (see ``GPUSide``)."""

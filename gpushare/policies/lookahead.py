@@ -78,6 +78,9 @@ class CapacityMeasure(FragmentationMeasure):
         keys, below = self._cpu_only_weights.keys, self._cpu_only_weights.below
         return self.weight - below[rank_right(keys, cpu)]
 
+    def linear(self, cpu: int) -> tuple[int, ...] | None:
+        return None  # what a demand's shapes use depends on its copies too
+
     def term(self, cpu: int, number: int, usable: int, copies: int, per_copy: int) -> int:
         # All that is usable for the demand's shapes that need no CPU and for those the node has the CPU for at every
         # copy, what those needing more could use. Compiled, on machine integers: written as an iterator of four and
