@@ -179,11 +179,12 @@ def table(passes: Sequence[Pass]) -> str:
     for run in passes:
         count = len(run.filter_ms)
         mean = statistics.mean(run.filter_ms)
+        evaluations = sum(run.evaluations)
         rows.append([run.setup, f"{mean:.3f}", f"{statistics.median(run.filter_ms):.3f}",
                      f"{percentile(run.filter_ms, 0.99):.3f}", f"{max(run.filter_ms[1:], default=0.0):.1f}",
                      f"{mean / base:.2f}",
-                     f"{sum(run.evaluations) / count:.1f}",
-                     "-" if not sum(run.evaluations) else f"{1e6 * run.evaluation_s / sum(run.evaluations):.1f}",
+                     f"{evaluations / count:.1f}",
+                     "-" if not evaluations else f"{1e6 * run.evaluation_s / evaluations:.1f}",
                      f"{run.reserve_ms:.3f}", run.unplaced, run.choices])
     return tabulate(rows, headers=["policy", "filter ms (mean)", "median", "p99", "slowest but the first",
                                    f"x {passes[0].setup}",
