@@ -415,10 +415,12 @@ def _fragment_by_definition(node: Node, target: list[tuple[Shape, float]], looka
 
 
 _MODELS = ["T4", "V100M16", "G2"]
-# A node's CPU used, drawn where the CPU left meets a shape's CPU below (each one millicore either side) as often as
+_NODE_CPU = 64000
+_SHAPE_CPUS = [0, 2000, 4000, 8000, 32000]
+# A node's CPU used, drawn where the CPU left meets a shape's CPU (each one millicore either side) as often as
 # anywhere in the range: drawn from the range alone, 8 draws in 300 left some shape without the CPU it asks (74 now).
-_CPU_USED = st.one_of(st.integers(0, 64000),
-                      st.sampled_from(sorted({64000 - cpu + step for cpu in (2000, 4000, 8000, 32000)
+_CPU_USED = st.one_of(st.integers(0, _NODE_CPU),
+                      st.sampled_from(sorted({_NODE_CPU - cpu + step for cpu in _SHAPE_CPUS if cpu
                                               for step in (-1, 0, 1)})))
 
 
@@ -426,7 +428,7 @@ _CPU_USED = st.one_of(st.integers(0, 64000),
 @given(gpus=st.lists(st.tuples(st.sampled_from(_MODELS), st.integers(0, 1000), st.booleans()), min_size=1, max_size=8),
        cpu_used=_CPU_USED,
        shapes=st.lists(st.tuples(st.integers(0, 8), st.sampled_from([0, 100, 250, 500, 1000]),
-                                 st.sampled_from([0, 2000, 4000, 8000, 32000]), st.booleans(),
+                                 st.sampled_from(_SHAPE_CPUS), st.booleans(),
                                  st.sampled_from([(), ("T4",), ("G2", "V100M16")]), st.integers(1, 20)),
                        min_size=1, max_size=30))
 def test_both_measures_give_what_their_definition_gives(
@@ -436,7 +438,7 @@ def test_both_measures_give_what_their_definition_gives(
     every shape and GPU (exactly, in the integer units they compare)."""
     host = Node("n", [GPU(index=i, model=model, total=1000, used=1000 - free if touched or free < 1000 else 0,
                           holders=int(touched or free < 1000))
-                      for i, (model, free, touched) in enumerate(gpus)], cpu_milli=64000, cpu_used=cpu_used)
+                      for i, (model, free, touched) in enumerate(gpus)], cpu_milli=_NODE_CPU, cpu_used=cpu_used)
     learned = workload(*((Shape(count, per_gpu if count else 0, cpu, exclusive and count > 0, ModelRule(models)),
                           float(weight)) for count, per_gpu, cpu, exclusive, models, weight in shapes))
     target = list(learned.target)
