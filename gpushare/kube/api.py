@@ -210,11 +210,17 @@ class Pods(_Resource):
         a ``uid`` only that incarnation of the pod is bound, with a ``resource_version`` only the pod as it was
         then (else ``Conflict``, as for a pod bound already).
         """
-        body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None,
-                                         resource_version=resource_version,
-                                         annotations=dict(annotations) if annotations else None),
-            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
+        # The Binding as its JSON, not as the client's model objects: building and serialising those cost the bind's
+        # thread about 0.07 ms of CPU a pod, on every GPU pod (bench/bench_throughput.py).
+        metadata: Obj = {"name": name, "namespace": namespace}
+        if uid:
+            metadata["uid"] = uid
+        if resource_version is not None:
+            metadata["resourceVersion"] = resource_version
+        if annotations:
+            metadata["annotations"] = dict(annotations)
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": metadata,
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         # Raw reply: the client's model for Binding fails to deserialize some servers' answers.
         self._send(_Action(f"bind pod {namespace}/{name} to node {node}", "create", "bindings"),
                    self._core.create_namespaced_binding, namespace, body, timeout_s=timeout_s)
