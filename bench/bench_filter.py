@@ -117,7 +117,9 @@ def run_pass(policy: str, nodes: int, bodies: Sequence[bytes], data: Path) -> Pa
     gangs = Gangs(cache, GangIndex(), requests, book, PodGroups(client.ApiClient()), lambda *_: None,
                   CollectorRegistry())
     verbs = Verbs(cache, book, requests, gangs, choose_in_filter=True)
-    # As the extender does once its first list is in: the cache's objects out of the collector's way.
+    # As the extender does once its first list is in: the policy shown the cluster, the cache's objects out of the
+    # collector's way.
+    verbs.show_cluster()
     gc.collect()
     gc.freeze()
     young, middle, _ = gc.get_threshold()

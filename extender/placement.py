@@ -81,6 +81,10 @@ class PolicyBook:
         self._failures: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
+    @property
+    def default_policy(self) -> Policy:
+        return self._policies[self.default]
+
     def for_request(self, request: PodRequest) -> Policy:
         """The pod's own policy if it names one, else the default; ``ValueError`` for an unknown name."""
         name = request.policy or self.default

@@ -72,6 +72,21 @@ def test_a_binds_catch_up_leaves_the_next_filter_nothing_to_read() -> None:
     assert len(answer["NodeNames"]) == 1 and answer["NodeNames"][0] in NODES[10:]
 
 
+def test_a_policy_shown_the_cluster_at_start_leaves_the_first_filter_only_its_window_to_score() -> None:
+    """The extender shows the default policy every node before it is ready (``Verbs.show_cluster``), so that the
+    first GPU pod's filter, on kube-scheduler's serial path, does not copy the whole cluster for it: with fewer
+    reads allowed than the cluster has nodes (but more than its window's one state), it answers only once shown."""
+    cache = ClusterCache()
+    cache.replace_nodes([node_info(name, [16384, 16384]) for name in NODES])
+    reads = len(NODES) // 2
+    verbs, _ = verbs_over(cache, "fgd-scarcity")
+    assert verbs.filter(filter_args("first", NODES[:10]), reads) is None, "every node is still to be copied"
+    shown, _ = verbs_over(cache, "fgd-scarcity")
+    shown.show_cluster()
+    answer = shown.filter(filter_args("first", NODES[:10]), reads)
+    assert answer is not None and answer == verbs.filter(filter_args("first", NODES[:10]))
+
+
 def test_a_window_of_six_dozen_node_states_is_answered_on_the_event_loop() -> None:
     """On a fleet of many node shapes (openb's: nine models, 1 to 8 GPUs a node) a filter window holds a dozen
     states or more, each new to the pod's shape, and with every sharing pod its own GPU share up to 70: up to
