@@ -16,8 +16,9 @@ extender's default: filter passes only the policy's favourite):
   what parsing, checking fit, looking up remembered scores and answering cost;
 * **``--policy``**, which scores afresh the node states it has no score for under what it has learned.
 
-Reported per pass: the filter's time per pod (mean, median, p99, parsing the request included, and the slowest but
-the first filter, which learns the first shape: a memo emptied at its bound once showed there as 33 ms), the node
+Reported per pass: the filter's time per pod (mean, median, p99, parsing the request included, and the slowest
+filter: a memo emptied at its bound once showed there as 33 ms, and the first filter as 54-83 ms while it copied
+every node for the policy to follow, which the extender now does before it is ready), the node
 states the policy scored afresh per filter and the mean time of one such evaluation, the reservations' time per pod,
 and a hash of the choices (node and GPUs per pod: the same code and inputs give the same hash; a change that must
 not move decisions must not move it). The ratio is each pass's mean filter time to the baseline's. A second table
@@ -183,12 +184,12 @@ def table(passes: Sequence[Pass]) -> str:
         mean = statistics.mean(run.filter_ms)
         evaluations = sum(run.evaluations)
         rows.append([run.setup, f"{mean:.3f}", f"{statistics.median(run.filter_ms):.3f}",
-                     f"{percentile(run.filter_ms, 0.99):.3f}", f"{max(run.filter_ms[1:], default=0.0):.1f}",
+                     f"{percentile(run.filter_ms, 0.99):.3f}", f"{max(run.filter_ms, default=0.0):.1f}",
                      f"{mean / base:.2f}",
                      f"{evaluations / count:.1f}",
                      "-" if not evaluations else f"{1e6 * run.evaluation_s / evaluations:.1f}",
                      f"{run.reserve_ms:.3f}", run.unplaced, run.choices])
-    return tabulate(rows, headers=["policy", "filter ms (mean)", "median", "p99", "slowest but the first",
+    return tabulate(rows, headers=["policy", "filter ms (mean)", "median", "p99", "slowest",
                                    f"x {passes[0].setup}",
                                    "states scored afresh per filter", "us per evaluation", "reserve ms per pod",
                                    "unplaced", "choices"], tablefmt="github")

@@ -46,16 +46,16 @@ served binds and watches, and that wait was counted as the extender's time.
 
 Reported per row: pods/s from the loop's start until 99% of the pods were bound (a few pods that fit nowhere
 must not set the pace; "bound" says how many were bound in the end), the ratio to the floor of the same run, the
-extender's time per pod (filter + prioritize as the loop saw it: median and p99), bind latency p99, the mean
-time the extender's filter handler took by its own clock (its /metrics histogram: the rest of the loop's figure
-is the HTTP round trip and waiting for a core), the extender's CPU seconds per pod (bind included, from /proc)
-and its resident memory at the end, its full garbage collections during the row (each a pause of every request in
-flight; from its /metrics), and the CPU per pod of the loop's process and of the API server's, so that
-what the extender adds to the machine can be read beside what kube-scheduler and the API server spend. Beside the
-loop's CPU, the nodes its own checks went through per cycle to find ``numFeasibleNodesToFind``: a policy that
-packs pods leaves more nodes full for the next pod's shape, so kube-scheduler passes over more of them, work the
-floor (which spreads pods by CPU, as kube-scheduler's default scoring does) and the null extender (which takes the
-first name, from a rotating start) do not have.
+extender's time per pod (filter + prioritize as the loop saw it: median, p99 and the slowest, where a cold start
+shows), bind latency p99, the mean time the extender's filter handler took by its own clock (its /metrics
+histogram: the rest of the loop's figure is the HTTP round trip and waiting for a core), the extender's CPU
+seconds per pod (bind included, from /proc) and its resident memory at the end, its full garbage collections
+during the row (each a pause of every request in flight; from its /metrics), and the CPU per pod of the loop's
+process and of the API server's, so that what the extender adds to the machine can be read beside what
+kube-scheduler and the API server spend. Beside the loop's CPU, the nodes its own checks went through per cycle to
+find ``numFeasibleNodesToFind``: a policy that packs pods leaves more nodes full for the next pod's shape, so
+kube-scheduler passes over more of them, work the floor (which spreads pods by CPU, as kube-scheduler's default
+scoring does) and the null extender (which takes the first name, from a rotating start) do not have.
 Last, per pod, the time that the two threads a pod's cycle passes through in turn, the loop's scheduling thread
 and the extender's event loop, spent runnable but waiting for a core (the kernel's schedstat): on a machine
 whose cores the three processes share, the part of the gap to the floor that is waiting rather than work.
@@ -188,7 +188,7 @@ class Row:
     setup: str
     pods_per_s: float
     scheduled: int
-    cycle_ms: tuple[float, float] | None  # filter + prioritize as the loop measured it: median, p99
+    cycle_ms: tuple[float, float, float] | None  # filter + prioritize as the loop measured it: median, p99, slowest
     bind_p99_ms: float | None
     filter_answer_ms: float | None  # the mean time the extender's filter handler took, by its own clock
     cpu_ms_per_pod: float | None
@@ -547,10 +547,10 @@ def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: S
     return rows
 
 
-def loop_figures(loop: SchedulerLoop) -> tuple[tuple[float, float] | None, float | None]:
-    """The extender's time per pod as the loop saw it (median, p99), and the binds' p99."""
+def loop_figures(loop: SchedulerLoop) -> tuple[tuple[float, float, float] | None, float | None]:
+    """The extender's time per pod as the loop saw it (median, p99, slowest), and the binds' p99."""
     cycles, binds = loop.stats.extender_ms, loop.stats.bind_ms
-    return ((statistics.median(cycles), percentile(cycles, 0.99)) if cycles else None,
+    return ((statistics.median(cycles), percentile(cycles, 0.99), max(cycles)) if cycles else None,
             percentile(binds, 0.99) if binds else None)
 
 
@@ -586,7 +586,7 @@ def table(rows: Sequence[Row]) -> str:
     several = any(row.round > 1 for row in rows)
     body = []
     for i, (row, ratio) in enumerate(zip(rows, ratios(rows), strict=True)):
-        cycle = f"{row.cycle_ms[0]:.1f} / {row.cycle_ms[1]:.1f}" if row.cycle_ms else "-"
+        cycle = " / ".join(f"{ms:.1f}" for ms in row.cycle_ms) if row.cycle_ms else "-"
         label = f"{row.setup} (round {row.round})" if several and i else row.setup
         body.append([label, f"{row.pods_per_s:.0f}", f"{ratio:.2f}", row.scheduled, cycle,
                      "-" if row.bind_p99_ms is None else f"{row.bind_p99_ms:.1f}",
@@ -596,7 +596,7 @@ def table(rows: Sequence[Row]) -> str:
                      f"{row.loop_cpu_ms_per_pod:.2f}", f"{row.nodes_checked:.0f}", f"{row.api_cpu_ms_per_pod:.2f}",
                      f"{_ms(row.loop_wait_ms)} / {_ms(row.extender_wait_ms)}",
                      "-" if row.connections is None else f"{row.connections:.2f}"])
-    headers = ["setup", "pods/s", "x floor", "bound", "filter+prioritize ms (median / p99)", "bind p99 ms",
+    headers = ["setup", "pods/s", "x floor", "bound", "filter+prioritize ms (median / p99 / slowest)", "bind p99 ms",
                "filter handler ms (mean)", "extender CPU ms/pod", "extender RSS MiB", "extender full GCs",
                "loop CPU ms/pod", "loop nodes checked per cycle", "API server CPU ms/pod",
                "waiting for a core ms/pod (loop's cycle / extender's event loop)",

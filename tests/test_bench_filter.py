@@ -29,7 +29,7 @@ def test_both_passes_place_the_pods_and_the_same_inputs_give_the_same_choices(
     # 12 nodes hold the 30 pods: every filter passed a node and every reservation was made.
     assert [row[10].strip() for row in rows] == ["0", "0"]
     assert float(rows[1][7]) > 0  # the policy scored node states afresh
-    # The slowest filter but the first is no faster than the median (both in ms).
+    # The slowest filter is no faster than the median (both in ms).
     assert all(float(row[5]) >= float(row[3]) for row in rows)
     assert [row[11] for row in runs[1]] == [row[11] for row in rows]  # the same choices, pod for pod
     # Each pass in fifths of its 30 pods, in order; the fifths' states scored afresh and times add up to the pass's.
