@@ -119,7 +119,10 @@ async def _freeze_when_synced(watch: ClusterWatch, verbs: Verbs, frozen: asyncio
     """
     while not watch.synced:
         await asyncio.sleep(0.1)
-    await run_in_threadpool(verbs.show_cluster)  # off the event loop, which keeps answering /healthz
+    try:
+        await run_in_threadpool(verbs.show_cluster)  # off the event loop, which keeps answering /healthz
+    except Exception:  # never a reason not to become ready: the first GPU pod's filter shows it the cluster instead
+        log.exception("showing the default policy the cluster failed; the first GPU pod's filter will do it")
     gc.collect()
     gc.freeze()
     young, middle, _ = gc.get_threshold()

@@ -211,7 +211,7 @@ class Pods(_Resource):
         then (else ``Conflict``, as for a pod bound already).
         """
         # The Binding as its JSON, not as the client's model objects: building and serialising those cost the bind's
-        # thread about 0.07 ms of CPU a pod, on every GPU pod (bench/bench_throughput.py).
+        # thread about 0.07 ms of CPU a pod, on every GPU pod (docs/throughput-history.md, round 60).
         metadata: Obj = {"name": name, "namespace": namespace}
         if uid:
             metadata["uid"] = uid
