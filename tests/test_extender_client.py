@@ -20,16 +20,20 @@ from gpushare.localcluster.extender_client import ExtenderClient
 
 
 class Echo(BaseHTTPRequestHandler):
-    """Answers a POST with its path and body; ``/close`` answers and then closes the connection, unannounced."""
+    """Answers a POST with its path and body; ``/close`` answers and then closes the connection, unannounced. With a
+    ``gate``, no request is answered before the gate's number of them have arrived."""
 
     protocol_version = "HTTP/1.1"
     connections: ClassVar[set[tuple[str, int]]] = set()
     lock = threading.Lock()
+    gate: ClassVar[threading.Barrier | None] = None
 
     def do_POST(self) -> None:
         with self.lock:
             self.connections.add(self.client_address)
         body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.gate is not None:
+            self.gate.wait(timeout=5)
         answer = self.path.encode() + b" " + body
         self.send_response(200)
         self.send_header("Content-Length", str(len(answer)))
@@ -59,6 +63,7 @@ class Server(ThreadingHTTPServer):
 @pytest.fixture
 def server() -> Iterator[str]:
     Echo.connections.clear()
+    Echo.gate = None
     Server.closed.clear()
     Server.closes = 0
     httpd = Server(("127.0.0.1", 0), Echo)
@@ -91,15 +96,17 @@ def test_calls_in_flight_together_each_have_a_connection_and_two_stay_open_after
     """As kube-scheduler's Go client: binds in flight beside a filter open connections, and all but two idle ones
     are closed as they come back, so the extender accepts a connection for each call past two in flight."""
     extender = ExtenderClient(server, timeout_s=5)
-    barrier = threading.Barrier(4)
+    # The server answers none of the four before all four arrived: each is in flight while the others are sent
+    # (else a call that came back first could lend its connection to one sent after it, on a busy machine).
+    Echo.gate = threading.Barrier(4)
 
     def call(i: int) -> tuple[int, bytes]:
-        barrier.wait()
         return extender.post("bind", str(i).encode())
 
     try:
         with ThreadPoolExecutor(4) as pool:
             answers = list(pool.map(call, range(4)))
+        Echo.gate = None
         assert answers == [(200, f"/gpushare-scheduler/bind {i}".encode()) for i in range(4)]
         assert len(Echo.connections) == extender.opened == 4
         deadline = time.monotonic() + 5
