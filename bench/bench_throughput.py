@@ -67,6 +67,7 @@ stdout.
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import random
@@ -94,6 +95,7 @@ from tabulate import tabulate
 
 from bench import openb
 from bench.replay_http import advertise_in_unit, wait_for_urls
+from extender.app import FULL_COLLECTION_AFTER
 from extender.config import NodeChoice
 from gpushare.clusterspec import ClusterSpec, GPUSpec, NodeSpec
 from gpushare.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, RESOURCE_GPU_MEM, MemoryUnit
@@ -429,13 +431,32 @@ def percentile(samples: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@contextmanager
+def full_collections_deferred() -> Iterator[None]:
+    """Within: CPython's collector walks every object only after ``FULL_COLLECTION_AFTER`` middle collections, as in
+    the extender once it has listed the cluster.
+
+    The loop and the API server stand in for kube-scheduler and kube-apiserver, Go programs whose collector runs
+    beside them. Here a full collection walks every object of the process's copy of the cluster, and each row met one
+    or two in the loop's process or the API server's, of 100-200 ms each at 5,000 nodes, with the cycle or the
+    Bindings stopped meanwhile (round 63, docs/throughput-history.md). Their objects are freed by reference counting
+    and hold few cycles, so a run needs none.
+    """
+    young, middle, full = gc.get_threshold()
+    gc.set_threshold(young, middle, FULL_COLLECTION_AFTER)
+    try:
+        yield
+    finally:
+        gc.set_threshold(young, middle, full)
+
+
 def serve_cluster(nodes: int, fleet: str, data: Path, kubeconfig: Path) -> None:
     """Child process: the local API server with ``nodes`` nodes of ``fleet`` until SIGTERM; the kubeconfig appears
     once it serves them as the benchmark needs."""
     # Blocked before the server's thread starts, so that it inherits the mask and only sigwait takes them.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     spec = cluster(nodes, fleet, data)
-    with LocalCluster(spec) as local:
+    with full_collections_deferred(), LocalCluster(spec) as local:
         if fleet == "openb":
             advertise_in_unit(client.CoreV1Api(local.api_client()), spec)
         local.write_kubeconfig(kubeconfig.with_suffix(".partial")).rename(kubeconfig)  # whole, or not there yet
@@ -492,6 +513,9 @@ def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: S
             """Create the pods, let the loop schedule them (through ``url``, if given, scraping ``metrics_url``
             meanwhile), and count."""
             progress(f"{nodes} nodes: {what}, creating {len(shapes)} pods")
+            # The previous row's loop and its copy of the cluster, which hold cycles, go before this row is timed
+            # (``full_collections_deferred``).
+            gc.collect()
             create_pods(core, shapes, prefix)
             extender_before = proc_cpu_s(extender_pid) if extender_pid is not None else 0.0
             # The extender's event loop is its main thread, whose id is the process's.
@@ -672,7 +696,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     shapes = trace_shapes(args.data, args.trace, args.pods, args.seed, args.host_requests == "trace", args.fleet)
     described = (f"nodes of openb's fleet, repeated ({len(openb.load_nodes(args.data))} nodes)"
                  if args.fleet == "openb" else f"nodes x {NODE_GPUS} GPUs")
-    with tempfile.TemporaryDirectory(prefix="gpushare-throughput-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gpushare-throughput-") as tmp, full_collections_deferred():
         for nodes in (int(n) for n in args.nodes.split(",")):
             rows = measure(nodes, args.fleet, args.data, shapes, runs, args.seed, Path(tmp), args.scrape_interval,
                            args.rounds)

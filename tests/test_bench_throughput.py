@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from bench.bench_throughput import (
     Row,
     Shape,
     cluster,
+    full_collections_deferred,
     main,
     manifest,
     ratios,
@@ -26,6 +28,7 @@ from bench.bench_throughput import (
     thread_wait_s,
     trace_shapes,
 )
+from extender.app import FULL_COLLECTION_AFTER
 from gpushare.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, RESOURCE_GPU_MEM
 
 HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
@@ -137,3 +140,13 @@ def test_a_thread_kept_from_the_cores_shows_its_wait_and_one_that_is_gone_shows_
     waited = replace(row("fgd-scarcity", 300), loop_wait_ms=0.5, extender_wait_ms=0.25)
     assert "0.50 / 0.25" in table([row("floor: no extender", 400), waited])
     assert "0.50 / 0.25" not in table([row("floor: no extender", 400), row("fgd-scarcity", 300)])
+
+
+def test_a_run_defers_full_collections_and_leaves_the_collector_as_it_found_it() -> None:
+    before = gc.get_threshold()
+    with full_collections_deferred():
+        assert gc.get_threshold() == (before[0], before[1], FULL_COLLECTION_AFTER)
+    assert gc.get_threshold() == before
+    with pytest.raises(RuntimeError), full_collections_deferred():
+        raise RuntimeError("a run that fails")
+    assert gc.get_threshold() == before
