@@ -513,8 +513,8 @@ def measure(nodes: int, fleet: str, data: Path, shapes: Sequence[Shape], runs: S
             """Create the pods, let the loop schedule them (through ``url``, if given, scraping ``metrics_url``
             meanwhile), and count."""
             progress(f"{nodes} nodes: {what}, creating {len(shapes)} pods")
-            # The previous row's loop and its copy of the cluster, which hold cycles, go before this row is timed
-            # (``full_collections_deferred``).
+            # What the previous rows left that only the collector frees (a loop holds its threads, whose targets are
+            # its own methods) goes now, untimed (``full_collections_deferred``).
             gc.collect()
             create_pods(core, shapes, prefix)
             extender_before = proc_cpu_s(extender_pid) if extender_pid is not None else 0.0
