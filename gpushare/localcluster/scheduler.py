@@ -203,8 +203,9 @@ class _Usage:
 
 # The usage of a node without pods, one value for all of them: read, never changed (``_account`` gives a node its own
 # once a pod lands there). kube-scheduler's snapshot holds every node's usage, so an empty node costs its checks no
-# more than a full one; a fresh value per check did here (0.7 us each), and a policy that packs leaves most nodes
-# empty, so the loop's cycle beside it paid for hundreds a pod that the floor's and the null extender's did not.
+# more than a full one. A fresh value per read cost 0.7 us here: hundreds a cycle beside a policy that packs, which
+# leaves most nodes empty, and in the floor's first cycles, while the cluster is empty (docs/throughput-history.md,
+# round 64).
 _NO_USAGE = _Usage()
 
 
