@@ -6,8 +6,9 @@ The cluster is the trace's (``openb.cluster_spec``: GPUs of 1000 MiB) in a ``Loc
 runs as its own process (``python -m extender --unit MiB --tie-seed SEED --policy P --workload-seed FILE``),
 seeded with the trace's shape histogram where ``replay.build_policy`` seeds the in-process policy (``fgd``). Each pod of
 the seed's arrival order is created through the kubernetes client and scheduled at once, one at a time and
-never retried, by ``SchedulerLoop.schedule_pod``: filter, prioritize (weight 1: only the extender scores,
-and only its favourite gets 10) and bind over HTTP. Its node and GPU indices (read back from the pod's
+never retried, by ``SchedulerLoop.schedule_pod``: filter, prioritize (only the extender's favourite gets 10,
+and at ``DECISIVE_EXTENDER_WEIGHT`` that outweighs the loop's own scores, as kube-scheduler's) and bind over
+HTTP. Its node and GPU indices (read back from the pod's
 annotations) are compared with ``replay.replay`` for the same seed and policy.
 
 CPU-only pods (``num_gpu == 0``) ask for no gpushare resource; kube-scheduler calls an extender for them
@@ -58,7 +59,7 @@ from gpushare.contract import (
 from gpushare.kube.api import MERGE_PATCH
 from gpushare.kube.convert import pod_info
 from gpushare.localcluster import LocalCluster
-from gpushare.localcluster.scheduler import SchedulerLoop
+from gpushare.localcluster.scheduler import DECISIVE_EXTENDER_WEIGHT, SchedulerLoop
 from gpushare.policies import DEFAULT_POLICY, policy_names
 from gpushare.policies.workload import count_shapes, dump_workload
 
@@ -204,10 +205,10 @@ def replay_over_http(trace_nodes: Sequence[openb.TraceNode], trace_pods: Sequenc
                               _preload_content=False)
         kubeconfig = cluster.write_kubeconfig(workdir / "kubeconfig")
         with extender_process(kubeconfig, seed_file, policy, seed, workdir / "extender.log") as url:
-            # Weight 1 and no other scorer: the extender's single 10 picks the node; ties cannot arise.
-            # Every node is a candidate (percentageOfNodesToScore 100), as in the in-process replay.
-            with SchedulerLoop(cluster.api_client(), url + "/gpushare-scheduler", weight=1, seed=seed,
-                               extender_for_all_pods=True, percentage_of_nodes_to_score=100) as loop:
+            # The extender's single 10 picks the node at this weight, whatever the loop's own scores say; ties
+            # cannot arise. Every node is a candidate (percentageOfNodesToScore 100), as in the in-process replay.
+            with SchedulerLoop(cluster.api_client(), url + "/gpushare-scheduler", weight=DECISIVE_EXTENDER_WEIGHT,
+                               seed=seed, extender_for_all_pods=True, percentage_of_nodes_to_score=100) as loop:
                 started = time.perf_counter()
                 for pod in order:
                     core.create_namespaced_pod(openb.NAMESPACE, pod_manifest(pod), _preload_content=False)

@@ -315,10 +315,17 @@ def model_rule(annotations: Mapping[str, str], labels: Mapping[str, str] | None 
     return ModelRule()
 
 
-def _host_amount(container: ContainerInfo, name: str) -> int:
+# What kube-scheduler's scoring counts for a container that sets no CPU or no memory request (its
+# DefaultMilliCPURequest and DefaultMemoryRequest): otherwise every node would look as free to pods that ask for
+# nothing, and they would pile onto one.
+UNSET_CPU_SCORED_MILLI = 100
+UNSET_MEMORY_SCORED_MIB = 200
+
+
+def _host_amount(container: ContainerInfo, name: str, unset: int = 0) -> int:
     value = container.requests.get(name, container.limits.get(name))
     if value is None:
-        return 0
+        return unset
     try:
         amount = host_amount(name, value)
     except QuantityError as exc:
@@ -329,13 +336,17 @@ def _host_amount(container: ContainerInfo, name: str) -> int:
     return amount
 
 
-def host_requests(pod: PodInfo) -> tuple[int, int]:
-    """Effective CPU and memory requests, the way kube-scheduler computes them (init containers as a max)."""
-    cpu = sum(_host_amount(c, "cpu") for c in pod.containers)
-    mem = sum(_host_amount(c, "memory") for c in pod.containers)
+def host_requests(pod: PodInfo, scored: bool = False) -> tuple[int, int]:
+    """Effective CPU and memory requests, the way kube-scheduler computes them (init containers as a max).
+
+    With ``scored``, as its scoring plugins count them: a container that sets no request counts the defaults above.
+    """
+    unset_cpu, unset_mem = (UNSET_CPU_SCORED_MILLI, UNSET_MEMORY_SCORED_MIB) if scored else (0, 0)
+    cpu = sum(_host_amount(c, "cpu", unset_cpu) for c in pod.containers)
+    mem = sum(_host_amount(c, "memory", unset_mem) for c in pod.containers)
     for c in pod.init_containers:
-        cpu = max(cpu, _host_amount(c, "cpu"))
-        mem = max(mem, _host_amount(c, "memory"))
+        cpu = max(cpu, _host_amount(c, "cpu", unset_cpu))
+        mem = max(mem, _host_amount(c, "memory", unset_mem))
     return cpu, mem
 
 

@@ -155,10 +155,17 @@ def test_the_loop_sends_pods_without_gpu_to_the_extender_when_asked(cluster: Loc
         with SchedulerLoop(cluster.api_client(), url + "/gpushare-scheduler", seed=1,
                            extender_for_all_pods=True) as loop:
             assert loop.schedule_pod("plain").node == "roomy"
+        assert _filters(url) == 1
         with SchedulerLoop(cluster.api_client(), url + "/gpushare-scheduler", seed=1) as loop:
-            # on its own the loop takes the node with the least CPU requested: 'dense' now
-            assert loop.schedule_pod("other").node == "dense"
+            # on its own the loop scores by kube-scheduler's plugins: 'roomy' has the most CPU left after the pod
+            assert loop.schedule_pod("other").node == "roomy"
+        assert _filters(url) == 1  # no call for a pod without GPUs
     assert ANN_IDX not in (read_pod(core, "plain")["metadata"].get("annotations") or {})
+
+
+def _filters(url: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(url + "/metrics").text.splitlines()
+               if line.startswith("gpushare_extender_requests_total{") and 'verb="filter"' in line)
 
 
 class ReservationCountingPods(Pods):

@@ -1,8 +1,9 @@
 """Where the node is chosen: filter passes only the policy's favourite (the default), or every node that fits.
 
 Driven by the local scheduler loop, which calls the extender as kube-scheduler does: prioritize only when more
-than one node passed filter. Both ways must bind every pod where the policy prefers, and choosing in filter
-must spare the prioritize call.
+than one node passed filter, its scores added to kube-scheduler's own. Both ways must bind every pod where the
+policy prefers (prioritize at a weight that outweighs kube-scheduler's scores), and choosing in filter must
+spare the prioritize call.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from test_extender_harness import (
 
 from extender.config import ConfigError, ExtenderConfig, NodeChoice, parse_config
 from gpushare.localcluster import LocalCluster
-from gpushare.localcluster.scheduler import SchedulerLoop
+from gpushare.localcluster.scheduler import DECISIVE_EXTENDER_WEIGHT, SchedulerLoop
 
 # Nodes of different sizes and models, so that the policy's scores differ from node to node and ties are few.
 CLUSTER = spec(*(gpu_node(f"t4-{i}", *[(T4, T4_MIB)] * 2, cpu="32") for i in range(4)),
@@ -35,7 +36,7 @@ CLUSTER = spec(*(gpu_node(f"t4-{i}", *[(T4, T4_MIB)] * 2, cpu="32") for i in ran
 PODS = 40
 
 
-def _placements(choice: NodeChoice) -> tuple[dict[str, str | None], dict[str, float]]:
+def _placements(choice: NodeChoice, weight: int = 1) -> tuple[dict[str, str | None], dict[str, float]]:
     """Every pod's node after scheduling the same pods in the same order, and the extender's request counts."""
     rng = random.Random(7)
     with LocalCluster(CLUSTER) as cluster:
@@ -48,7 +49,7 @@ def _placements(choice: NodeChoice) -> tuple[dict[str, str | None], dict[str, fl
             create_pod(core, pod_body(name, gib, gpu_count=count, cpu=str(rng.choice((1, 2, 4, 8)))))
             names.append(name)
         with running_extender(cluster, ExtenderConfig(node_choice=choice, tie_seed=3)) as url:
-            with SchedulerLoop(cluster.api_client(), url + "/gpushare-scheduler", seed=1) as loop:
+            with SchedulerLoop(cluster.api_client(), url + "/gpushare-scheduler", weight=weight, seed=1) as loop:
                 placed = {name: loop.schedule_pod(name).node for name in names}
             requests: dict[str, float] = {}
             for line in httpx.get(url + "/metrics").text.splitlines():
@@ -60,12 +61,21 @@ def _placements(choice: NodeChoice) -> tuple[dict[str, str | None], dict[str, fl
 
 def test_choosing_in_filter_binds_where_prioritize_would_with_one_call_less() -> None:
     in_filter, filter_calls = _placements(NodeChoice.FILTER)
-    in_prioritize, prioritize_calls = _placements(NodeChoice.PRIORITIZE)
+    # The favourite gets 10 and every other node at most 9: at this weight the gap outweighs what kube-scheduler's
+    # own least-allocated and balanced-allocation scores can add up to.
+    in_prioritize, prioritize_calls = _placements(NodeChoice.PRIORITIZE, weight=DECISIVE_EXTENDER_WEIGHT)
     assert in_filter == in_prioritize
     assert sum(node is not None for node in in_filter.values()) > PODS // 2  # most fit: the comparison says much
     assert len(set(in_filter.values())) > 3
     assert filter_calls.get("prioritize", 0) == 0 and filter_calls["filter"] == PODS
     assert prioritize_calls["prioritize"] > PODS // 2
+
+
+def test_at_weight_one_kube_schedulers_own_scores_outweigh_the_policy_in_prioritize() -> None:
+    """What docs/extender.md warns of: the least-allocated score spreads by CPU and memory, the policy packs."""
+    in_filter, _ = _placements(NodeChoice.FILTER)
+    in_prioritize, _ = _placements(NodeChoice.PRIORITIZE, weight=1)
+    assert in_filter != in_prioritize
 
 
 def test_a_bad_node_choice_is_a_sentence(monkeypatch: pytest.MonkeyPatch) -> None:

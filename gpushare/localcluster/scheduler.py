@@ -13,15 +13,19 @@ What it reproduces (kube-scheduler v1.35, see ../shared/REFERENCE.md section 1b)
   100), starting where the previous cycle stopped.
 * Then, only for pods that ask for a resource the extender manages (in requests or limits of containers or
   init containers), POST ``<url>/filter`` with those nodes (``NodeNames`` when nodeCacheCapable, else the full
-  ``Nodes``), POST ``<url>/prioritize`` (skipped when one node is left; its errors are ignored), the best
-  ``weight`` x score (ties drawn with a seedable RNG), and POST ``<url>/bind``. A non-200 status or a non-empty
-  ``Error`` fails the attempt: the pod gets a FailedScheduling Event and is retried with backoff (1 s doubling
-  to 10 s). A pod that no node passed the loop's own checks for also waits, as among kube-scheduler's
-  unschedulable pods, until a cluster event may have made room (a bound pod deleted or finished, a failed
-  bind, a node added or changed) or 5 minutes passed. Events are written in the background, as kube-scheduler's
-  event broadcaster does.
-* **Without an extender** (``extender_url=None``) every pod is placed by the loop's own checks and bound
-  directly: the floor that the extender's cost is measured against.
+  ``Nodes``), POST ``<url>/prioritize`` (skipped when one node is left; its errors are ignored), and POST
+  ``<url>/bind`` to the node with the best total of the loop's own scores and ``weight`` x 10 x the extender's
+  score. A non-200 status or a non-empty ``Error`` fails the attempt: the pod gets a FailedScheduling Event and
+  is retried with backoff (1 s doubling to 10 s). A pod that no node passed the loop's own checks for also
+  waits, as among kube-scheduler's unschedulable pods, until a cluster event may have made room (a bound pod
+  deleted or finished, a failed bind, a node added or changed) or 5 minutes passed. Events are written in the
+  background, as kube-scheduler's event broadcaster does.
+* **Its own scores**, wherever more than one node is left: kube-scheduler's default score plugins that tell the
+  local cluster's nodes apart, NodeResourcesFit (least allocated CPU and memory, a container without requests
+  counted as 100m and 200 MiB) and NodeResourcesBalancedAllocation, weight 1 each; the highest total wins, ties
+  drawn with a seedable RNG, as its selectHost draws them.
+* **Without an extender** (``extender_url=None``) every pod is placed by the loop's own checks and scores and
+  bound directly: the floor that the extender's cost is measured against.
 
 * **Preemption** after a FitError (no node passed its checks or the extender's filter), as kube-scheduler's
   DefaultPreemption does (REFERENCE.md section 1b): a pod with ``preemptionPolicy: Never`` waits. Otherwise a
@@ -36,13 +40,13 @@ What it reproduces (kube-scheduler v1.35, see ../shared/REFERENCE.md section 1b)
   ``status.nominatedNodeName`` is set; it is scheduled in a later cycle, once the victims' deletion freed
   their resources. Pods nominated to a node with at least a pod's priority count there in its checks.
 
-What it leaves out: kube-scheduler's own scoring plugins (only the extender scores nodes), taints,
-affinity, topology spread and the wait of a nominated pod for its terminating victims (the local API server
-deletes at once). PodDisruptionBudgets count as in kube-scheduler, with the status a test writes (the local
-cluster runs no disruption controller). Pods that request no GPU are bound directly by this loop to a node
-that fits their CPU and memory (the least requested one), without the extender, unless
-``extender_for_all_pods`` is set: then they go through filter, prioritize and bind as well, as with a
-kube-scheduler extender configuration that lists no ``managedResources``.
+What it leaves out: taints, affinity, topology spread and image locality (in filter and score alike: on the
+local cluster's nodes those plugins would score every node the same), and the wait of a nominated pod for its
+terminating victims (the local API server deletes at once). PodDisruptionBudgets count as in kube-scheduler,
+with the status a test writes (the local cluster runs no disruption controller). Pods that request no GPU are
+bound directly by this loop to a node that fits their CPU and memory (the best scored one), without the
+extender, unless ``extender_for_all_pods`` is set: then they go through filter, prioritize and bind as well, as
+with a kube-scheduler extender configuration that lists no ``managedResources``.
 """
 
 from __future__ import annotations
@@ -86,6 +90,9 @@ COMPONENT = "gpushare-local-scheduler"
 EXTENDER_TIMEOUT_S = 5.0
 MAX_NODE_SCORE = 100
 MAX_EXTENDER_PRIORITY = 10
+# The extender weight at which the favourite of an extender that gives one node 10 and every other at most 9 wins
+# whatever the loop's own two scores of 0-100 add: the gap is weight x 10, and 21 x 10 > 200.
+DECISIVE_EXTENDER_WEIGHT = 2 * MAX_NODE_SCORE // (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY) + 1
 INITIAL_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 10.0
 # kube-scheduler's podMaxInUnschedulablePodsDuration, and how often it looks for pods parked longer than that.
@@ -182,6 +189,9 @@ class _Requests:
     """When the pod started (``status.startTime``, else its creation): preemption spares the older."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """What PodDisruptionBudgets select by."""
+    scored_cpu_milli: int = 0
+    scored_memory_mib: int = 0
+    """CPU and memory as kube-scheduler's least-allocated score counts them (``host_requests(scored=True)``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +209,9 @@ class _Usage:
     memory_mib: int = 0
     pods: int = 0
     extended: Counter[str] = field(default_factory=Counter)
+    scored_cpu_milli: int = 0
+    scored_memory_mib: int = 0
+    """kube-scheduler's NonZeroRequested: the pods' ``_Requests.scored_*`` added up."""
 
 
 # The usage of a node without pods, one value for all of them: read, never changed (``_account`` gives a node its own
@@ -220,6 +233,7 @@ def _extended_units(container: ContainerInfo, resource: str) -> int:
 def _requests(pod: PodInfo, started: str = "") -> _Requests:
     """CPU, memory and the extended resources gpushare manages, init containers counted as a maximum."""
     cpu, memory = host_requests(pod)
+    scored_cpu, scored_memory = host_requests(pod, scored=True)
     extended: dict[str, int] = {}
     for resource in MANAGED_RESOURCES:
         total = sum(_extended_units(c, resource) for c in pod.containers)
@@ -227,7 +241,8 @@ def _requests(pod: PodInfo, started: str = "") -> _Requests:
         if total:
             extended[resource] = total
     # kube-scheduler reads spec.priority alone (0 when unset); the extender's aliases are its own business.
-    return _Requests(cpu, memory, extended, pod.priority or 0, pod.uid, started, pod.labels)
+    return _Requests(cpu, memory, extended, pod.priority or 0, pod.uid, started, pod.labels, scored_cpu,
+                     scored_memory)
 
 
 def _host_node(obj: Obj) -> _HostNode:
@@ -397,11 +412,9 @@ class SchedulerLoop:
             message = self._preempt(obj, pod, requests, wants_gpu, set(), _unavailable(total, reasons))
             return _Attempt(None, message, None, rejected_by_host_checks=True)
         if self._url is None or (not wants_gpu and not self.extender_for_all_pods):
-            with self._lock:
-                best = min(feasible, key=lambda n: (self._usage.get(n.name, _NO_USAGE).cpu_milli / max(n.cpu_milli, 1),
-                                                    n.name))
-            self._assume(_pod_key(obj), best.name, requests)
-            return _Attempt(best.name, "", requests)
+            best = self._select_host(feasible, requests, {})
+            self._assume(key, best, requests)
+            return _Attempt(best, "", requests)
         asked = time.perf_counter()
         names, failed, unresolvable, error = self._filter(obj, feasible)
         if error:
@@ -410,12 +423,27 @@ class SchedulerLoop:
         if not names:
             return _Attempt(None, self._preempt(obj, pod, requests, wants_gpu, unresolvable,
                                                 _unavailable(total, reasons)), None)
-        scores = self._prioritize(obj, feasible, names) if len(names) > 1 else {}
+        if len(names) == 1:
+            self.stats.extender_ms.append(1000 * (time.perf_counter() - asked))
+            self._assume(key, names[0], requests)
+            return _Attempt(names[0], "", requests)
+        extender_scores = self._prioritize(obj, feasible, names)
         self.stats.extender_ms.append(1000 * (time.perf_counter() - asked))
-        top = max(scores.get(n, 0) for n in names)
-        best_name = self._rng.choice([n for n in names if scores.get(n, 0) == top])
-        self._assume(_pod_key(obj), best_name, requests)
-        return _Attempt(best_name, "", requests)
+        passed = set(names)
+        best = self._select_host([n for n in feasible if n.name in passed], requests, extender_scores)
+        self._assume(key, best, requests)
+        return _Attempt(best, "", requests)
+
+    def _select_host(self, nodes: list[_HostNode], requests: _Requests, extender_scores: Mapping[str, int]) -> str:
+        """kube-scheduler's prioritizeNodes and selectHost over the nodes left: with one, that one; else its own
+        scores (``_default_scores``) plus the extender's, the highest total winning, ties drawn at random."""
+        if len(nodes) == 1:
+            return nodes[0].name
+        with self._lock:
+            scores = _default_scores(nodes, self._usage, requests)
+        totals = [score + extender_scores.get(node.name, 0) for node, score in zip(nodes, scores, strict=True)]
+        top = max(totals)
+        return self._rng.choice([node.name for node, total in zip(nodes, totals, strict=True) if total == top])
 
     def _host_feasible(self, key: str, requests: _Requests) -> tuple[list[_HostNode], Counter[str], int]:
         """kube-scheduler's own checks, stopping at ``numFeasibleNodesToFind`` nodes; also the node count."""
@@ -448,7 +476,8 @@ class SchedulerLoop:
         held = [r for k, (n, r) in self._nominated.items() if n == node and k != key and r.priority >= priority]
         if not held:
             return used
-        total = _Usage(used.cpu_milli, used.memory_mib, used.pods, Counter(used.extended))
+        total = _Usage(used.cpu_milli, used.memory_mib, used.pods, Counter(used.extended), used.scored_cpu_milli,
+                       used.scored_memory_mib)
         for r in held:
             total.cpu_milli += r.cpu_milli
             total.memory_mib += r.memory_mib
@@ -738,6 +767,8 @@ class SchedulerLoop:
             usage = self._usage[old[0]]
             usage.cpu_milli -= old[1].cpu_milli
             usage.memory_mib -= old[1].memory_mib
+            usage.scored_cpu_milli -= old[1].scored_cpu_milli
+            usage.scored_memory_mib -= old[1].scored_memory_mib
             usage.extended.subtract(old[1].extended)
             usage.pods -= 1
         if entry is not None:
@@ -746,6 +777,8 @@ class SchedulerLoop:
             usage = self._usage.setdefault(entry[0], _Usage())
             usage.cpu_milli += entry[1].cpu_milli
             usage.memory_mib += entry[1].memory_mib
+            usage.scored_cpu_milli += entry[1].scored_cpu_milli
+            usage.scored_memory_mib += entry[1].scored_memory_mib
             usage.extended.update(entry[1].extended)
             usage.pods += 1
 
@@ -919,6 +952,40 @@ class SchedulerLoop:
         heapq.heappush(self._queue, (since + self._backoff.get(key, 0.0), key))
 
 
+def _default_scores(nodes: list[_HostNode], usage: Mapping[str, _Usage], requests: _Requests) -> list[int]:
+    """kube-scheduler's default score plugins that tell these nodes apart, each of weight 1, per node.
+
+    NodeResourcesFit's LeastAllocated: the unrequested share of CPU and of memory, as 0-100 and averaged, counting
+    what containers set no request for as kube-scheduler's scoring does. NodeResourcesBalancedAllocation: 100 less
+    half the gap between the requested shares of CPU and memory as percent, skipped (its PreScore) for a pod that
+    requests neither. The plugins left out (taints, affinities, topology spread, image locality) score every node
+    of the local cluster alike. Memory is counted in MiB, not bytes: the same scores where allocatable memory is a
+    whole number of MiB. Written out per node rather than per resource: it runs over hundreds of nodes a cycle.
+    """
+    cpu, memory = requests.scored_cpu_milli, requests.scored_memory_mib
+    balanced = bool(requests.cpu_milli or requests.memory_mib)
+    scores = []
+    for node in nodes:
+        used = usage.get(node.name, _NO_USAGE)
+        cpu_total, memory_total = node.cpu_milli, node.memory_mib
+        cpu_taken, memory_taken = used.scored_cpu_milli + cpu, used.scored_memory_mib + memory
+        if cpu_total > 0 and memory_total > 0:
+            score = (((cpu_total - cpu_taken) * MAX_NODE_SCORE // cpu_total if cpu_taken <= cpu_total else 0)
+                     + ((memory_total - memory_taken) * MAX_NODE_SCORE // memory_total
+                        if memory_taken <= memory_total else 0)) // 2
+            if balanced:
+                cpu_share = min((used.cpu_milli + requests.cpu_milli) / cpu_total, 1.0)
+                memory_share = min((used.memory_mib + requests.memory_mib) / memory_total, 1.0)
+                score += int((1 - abs(cpu_share - memory_share) / 2) * MAX_NODE_SCORE)
+        else:
+            # A node that reports no CPU or no memory: the other counts alone, and one share is always balanced.
+            total, taken = (cpu_total, cpu_taken) if cpu_total > 0 else (memory_total, memory_taken)
+            score = (total - taken) * MAX_NODE_SCORE // total if total > 0 and taken <= total else 0
+            score += MAX_NODE_SCORE if balanced else 0
+        scores.append(score)
+    return scores
+
+
 def _importance(item: tuple[str, _Requests]) -> tuple[int, str]:
     """kube-scheduler's MoreImportantPod order: higher priority first, then the one that started earlier."""
     return -item[1].priority, item[1].started
@@ -930,7 +997,8 @@ def _shifted(used: _Usage, requests: _Requests, sign: int) -> _Usage:
     for resource, amount in requests.extended.items():
         extended[resource] += sign * amount
     return _Usage(used.cpu_milli + sign * requests.cpu_milli, used.memory_mib + sign * requests.memory_mib,
-                  used.pods + sign, extended)
+                  used.pods + sign, extended, used.scored_cpu_milli + sign * requests.scored_cpu_milli,
+                  used.scored_memory_mib + sign * requests.scored_memory_mib)
 
 
 def _pick_one(candidates: list[_Candidate]) -> _Candidate:
