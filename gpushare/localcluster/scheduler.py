@@ -423,14 +423,13 @@ class SchedulerLoop:
         if not names:
             return _Attempt(None, self._preempt(obj, pod, requests, wants_gpu, unresolvable,
                                                 _unavailable(total, reasons)), None)
-        if len(names) == 1:
-            self.stats.extender_ms.append(1000 * (time.perf_counter() - asked))
-            self._assume(key, names[0], requests)
-            return _Attempt(names[0], "", requests)
-        extender_scores = self._prioritize(obj, feasible, names)
+        extender_scores = self._prioritize(obj, feasible, names) if len(names) > 1 else {}
         self.stats.extender_ms.append(1000 * (time.perf_counter() - asked))
-        passed = set(names)
-        best = self._select_host([n for n in feasible if n.name in passed], requests, extender_scores)
+        if len(names) == 1:
+            best = names[0]  # nothing to score, and no need to look the one name up among the feasible nodes
+        else:
+            passed = set(names)
+            best = self._select_host([n for n in feasible if n.name in passed], requests, extender_scores)
         self._assume(key, best, requests)
         return _Attempt(best, "", requests)
 
