@@ -16,6 +16,7 @@ from test_extender_harness import (
     create_pod,
     emptied_core,
     gpu_node,
+    metric,
     pod_body,
     read_pod,
     running_extender,
@@ -120,6 +121,7 @@ def test_a_missing_seed_file_stops_the_process_with_status_2(tmp_path: Path) -> 
 # Two GPU nodes: 'dense' has 8 GPUs and just the cores for eight 2-core tasks; 'roomy' one GPU and many cores.
 CLUSTER = spec(gpu_node("dense", *[(T4, T4_MIB)] * 8, cpu="16"), gpu_node("roomy", (T4, T4_MIB), cpu="64"))
 TASKS = [PodRequest(per_gpu=T4_MIB // 1024, cpu_milli=2000)] * 10  # whole T4s, in GiB
+FILTERS = 'gpushare_extender_requests_total{code="200",verb="filter"}'
 
 
 @pytest.fixture(scope="module")
@@ -155,17 +157,12 @@ def test_the_loop_sends_pods_without_gpu_to_the_extender_when_asked(cluster: Loc
         with SchedulerLoop(cluster.api_client(), url + "/gpushare-scheduler", seed=1,
                            extender_for_all_pods=True) as loop:
             assert loop.schedule_pod("plain").node == "roomy"
-        assert _filters(url) == 1
+        assert metric(url, FILTERS) == 1
         with SchedulerLoop(cluster.api_client(), url + "/gpushare-scheduler", seed=1) as loop:
             # on its own the loop scores by kube-scheduler's plugins: 'roomy' has the most CPU left after the pod
             assert loop.schedule_pod("other").node == "roomy"
-        assert _filters(url) == 1  # no call for a pod without GPUs
+        assert metric(url, FILTERS) == 1  # no call for a pod without GPUs
     assert ANN_IDX not in (read_pod(core, "plain")["metadata"].get("annotations") or {})
-
-
-def _filters(url: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(url + "/metrics").text.splitlines()
-               if line.startswith("gpushare_extender_requests_total{") and 'verb="filter"' in line)
 
 
 class ReservationCountingPods(Pods):
