@@ -28,6 +28,8 @@ URL_PATH = "/gpushare-scheduler"
 DEFAULT_SERVICE = "gpushare-extender"
 DEFAULT_NAMESPACE = "kube-system"
 DEFAULT_PORT = 39999
+# How much the extender's scores count against kube-scheduler's own plugins (the chart's schedulerConfig.weight).
+DEFAULT_WEIGHT = 5
 SECOND_SCHEDULER_NAME = "gpushare-scheduler"
 
 API_V1 = "kubescheduler.config.k8s.io/v1"
@@ -56,7 +58,7 @@ class ExtenderOptions:
     """How kube-scheduler reaches the extender. HTTPS is on exactly when the URL says ``https://``."""
 
     url_prefix: str = extender_url()
-    weight: int = 5
+    weight: int = DEFAULT_WEIGHT
     http_timeout_seconds: int = 10
     tls_ca_file: str | None = None
     tls_server_name: str | None = None

@@ -28,6 +28,7 @@ from test_extender_harness import (
 from extender.config import ConfigError, ExtenderConfig, NodeChoice, parse_config
 from gpushare.localcluster import LocalCluster
 from gpushare.localcluster.scheduler import DECISIVE_EXTENDER_WEIGHT, SchedulerLoop
+from gpushare.schedconfig import DEFAULT_WEIGHT
 
 # Nodes of different sizes and models, so that the policy's scores differ from node to node and ties are few.
 CLUSTER = spec(*(gpu_node(f"t4-{i}", *[(T4, T4_MIB)] * 2, cpu="32") for i in range(4)),
@@ -36,7 +37,7 @@ CLUSTER = spec(*(gpu_node(f"t4-{i}", *[(T4, T4_MIB)] * 2, cpu="32") for i in ran
 PODS = 40
 
 
-def _placements(choice: NodeChoice, weight: int = 1) -> tuple[dict[str, str | None], dict[str, float]]:
+def _placements(choice: NodeChoice, weight: int = DEFAULT_WEIGHT) -> tuple[dict[str, str | None], dict[str, float]]:
     """Every pod's node after scheduling the same pods in the same order, and the extender's request counts."""
     rng = random.Random(7)
     with LocalCluster(CLUSTER) as cluster:
@@ -71,10 +72,11 @@ def test_choosing_in_filter_binds_where_prioritize_would_with_one_call_less() ->
     assert prioritize_calls["prioritize"] > PODS // 2
 
 
-def test_at_weight_one_kube_schedulers_own_scores_outweigh_the_policy_in_prioritize() -> None:
-    """What docs/extender.md warns of: the least-allocated score spreads by CPU and memory, the policy packs."""
+def test_at_the_installed_weight_kube_schedulers_own_scores_outweigh_the_policy_in_prioritize() -> None:
+    """What docs/extender.md warns of: the least-allocated score spreads by CPU and memory, the policy packs, and
+    the weight the chart and ``gpushare scheduler-config`` give kube-scheduler does not settle it."""
     in_filter, _ = _placements(NodeChoice.FILTER)
-    in_prioritize, _ = _placements(NodeChoice.PRIORITIZE, weight=1)
+    in_prioritize, _ = _placements(NodeChoice.PRIORITIZE)
     assert in_filter != in_prioritize
 
 

@@ -83,6 +83,7 @@ from gpushare.kube.convert import budget_info, pod_info
 from gpushare.kube.informer import Informer
 from gpushare.localcluster.extender_client import ExtenderClient
 from gpushare.quantity import QuantityError, capacity_amount, to_int
+from gpushare.schedconfig import DEFAULT_WEIGHT
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +284,7 @@ class SchedulerLoop:
     backoff for pods that fail.
     """
 
-    def __init__(self, api_client: client.ApiClient, extender_url: str | None, weight: int = 1,
+    def __init__(self, api_client: client.ApiClient, extender_url: str | None, weight: int = DEFAULT_WEIGHT,
                  node_cache_capable: bool = True, seed: int | None = None, extender_for_all_pods: bool = False,
                  percentage_of_nodes_to_score: int = 0, tls: ssl.SSLContext | None = None) -> None:
         self._kube = Kube.from_api_client(api_client)
