@@ -7,9 +7,9 @@ The end-to-end rows of ``bench.bench_throughput`` move by a fifth with the machi
 same work where little else runs. A ``ClusterCache`` holds ``--nodes`` of openb's nodes (the node list repeated,
 as ``--fleet openb`` builds them, every GPU 1000 MiB). For each of ``--pods`` pods drawn from ``--trace`` (their
 GPU share, model rule, CPU and memory), ``Verbs.filter`` answers a window of ``--window`` node names, each window
-starting where the last one ended, as kube-scheduler's rotating start does when every node is feasible; then the
-pod is reserved on the node filter chose, with GPUs chosen as bind chooses them, and the policies catch up, as
-bind does before its Binding. Two passes over the same pods, in this process, each choosing in filter (the
+starting where the last one ended, as kube-scheduler's rotating start does when every node is feasible; filter
+holds the GPUs it chose there (its evaluation counted with filter's), bind's reservation takes the hold over, and
+the policies catch up, as bind does before its Binding. Two passes over the same pods, in this process, each choosing in filter (the
 extender's default: filter passes only the policy's favourite):
 
 * **binpack**, the baseline: a policy whose evaluation of a node is a few comparisons, so that the pass costs
@@ -147,7 +147,9 @@ def run_pass(policy: str, nodes: int, bodies: Sequence[bytes], data: Path) -> Pa
                 return None if candidate is None else candidate.gpus
 
             try:
-                reservation = cache.reserve(passed[0], args.pod.key, args.pod.uid, request, gpus)
+                # What filter held for the pod, as bind takes it over; else reserved as bind reserves.
+                reservation = (cache.take_filter_hold(args.pod.key, args.pod.uid, passed[0], request)
+                               or cache.reserve(passed[0], args.pod.key, args.pod.uid, request, gpus))
                 verbs.catch_up()
                 placed = (passed[0], reservation.placement.gpu_indices)
             except ReservationError:

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -29,7 +30,7 @@ from extender.metrics import ExtenderMetrics
 from extender.placement import PolicyBook, RequestCache
 from extender.preempt import Preempt
 from extender.tls import ClientTLS, ServerTLS
-from extender.verbs import Verbs
+from extender.verbs import FILTER_HOLD_S, Verbs
 from extender.wire import (
     BadRequest,
     BindingArgs,
@@ -130,14 +131,19 @@ async def _freeze_when_synced(watch: ClusterWatch, verbs: Verbs, frozen: asyncio
     frozen.set()
 
 
-async def _expire_gangs(gangs: Gangs) -> None:
-    """Release gang plans past their timeout, once a second (Events are API calls: off the event loop)."""
+async def _sweep(cache: ClusterCache, gangs: Gangs) -> None:
+    """Once a second: give back what filter held for pods whose bind never came (memory only), and release gang plans
+    past their timeout (Events are API calls: off the event loop)."""
     while True:
         await asyncio.sleep(SWEEP_INTERVAL_S)
         try:
+            lapsed = cache.release_lapsed_holds(time.monotonic())
+            if lapsed:
+                log.info("gave back the GPUs filter held for pods that no bind came for", extra={
+                    "pods": lapsed, "held_s": FILTER_HOLD_S})
             await run_in_threadpool(gangs.expire)
         except Exception:  # the sweeper must outlive any one failure; the next round tries again
-            log.exception("releasing timed-out gang plans failed")
+            log.exception("giving back lapsed holds or timed-out gang plans failed")
 
 
 def _passed(result: dict[str, Any]) -> list[str]:
@@ -257,7 +263,7 @@ def create_app(config: ExtenderConfig, kube: Kube, tls: ServerTLS | None = None)
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         watch.start()
         freezer = asyncio.create_task(_freeze_when_synced(watch, verbs, frozen))
-        sweeper = asyncio.create_task(_expire_gangs(gangs))
+        sweeper = asyncio.create_task(_sweep(cache, gangs))
         if elector is not None and forwarder is not None:
             await forwarder.open()
             elector.start()
@@ -362,11 +368,14 @@ def create_app(config: ExtenderConfig, kube: Kube, tls: ServerTLS | None = None)
                 return _json({"Error": f"gpushare refused to bind pod {args.pod_namespace}/{args.pod_name} to node "
                                        f"{args.node}: {problem}; kube-scheduler will filter it again."})
             ledger_key = args.pod_uid or f"{args.pod_namespace}/{args.pod_name}"
+            pod_key = f"{args.pod_namespace}/{args.pod_name}"
             if elector is not None and forwarder is not None and not elector.is_leader:
                 answer = await forwarder.forward(body, args, elector.view(), forwarded_by)
                 if answer.status == 200 and _bound(answer.body):
                     ledger.forget(ledger_key)
                     book.forget(ledger_key)
+                else:  # kube-scheduler forgets the pod and filters it again: what this replica's filter held is void
+                    cache.drop_filter_hold(pod_key)
                 metrics.count("bind", answer.status)
                 return Response(answer.body, status_code=answer.status, media_type="application/json")
             outcome = await bind_here(args)
@@ -374,6 +383,8 @@ def create_app(config: ExtenderConfig, kube: Kube, tls: ServerTLS | None = None)
                 ledger.forget(ledger_key)
                 book.forget(ledger_key)
                 metrics.bound(args.pod_uid)
+            else:  # refused before the binder took the hold over (too many in flight), say, or timed out
+                cache.drop_filter_hold(pod_key)
             metrics.binds.labels("failed" if outcome.error else "bound").inc()
             metrics.bind_conflicts.inc(outcome.conflicts)
             metrics.count("bind", 200)

@@ -29,7 +29,6 @@ from gpushare.cache.state import ClusterCache, Reservation, ReservationError
 from gpushare.contract import PodInfo, PodRequest, RequestError, new_assignment, parse_request
 from gpushare.kube.api import Conflict, KubeError, NotFound, Pods, Unavailable
 from gpushare.kube.convert import pod_info
-from gpushare.model import Node
 
 log = logging.getLogger(__name__)
 
@@ -193,17 +192,15 @@ class Binder:
             if held.node != node_name:
                 raise _Failed(f"its gang's plan holds its GPUs on node {held.node}")
             return held  # the GPUs the gang's plan chose, held since its filter
+        chosen = self._cache.take_filter_hold(pod.key, pod.uid, node_name, request)
+        if chosen is not None:
+            return chosen  # the GPUs filter chose, held since
         try:
             policy = self._book.for_request(request)
         except ValueError as exc:
             raise _Failed(str(exc)) from None
-
-        def choose(node: Node) -> tuple[int, ...] | None:
-            candidate = self._book.evaluate(policy, node, request)
-            return None if candidate is None else candidate.gpus
-
         try:
-            return self._cache.reserve(node_name, pod.key, pod.uid, request, choose)
+            return self._cache.reserve(node_name, pod.key, pod.uid, request, self._book.chooser(policy, request))
         except ReservationError as exc:
             raise _Failed(str(exc)) from None
 

@@ -67,7 +67,8 @@ class _ClusterCollector(Collector):
             yield family
         yield GaugeMetricFamily("gpushare_extender_nodes", "Nodes in the extender's cache.", value=nodes)
         yield GaugeMetricFamily("gpushare_extender_reservations",
-                                "Reservations of binds not yet confirmed by the watch.",
+                                "Pods holding GPUs that the watch has not shown bound yet: binds in flight, filter's "
+                                "holds and gang plans.",
                                 value=self._cache.reservations())
         yield GaugeMetricFamily("gpushare_extender_leader",
                                 "1 on the replica that binds (the Lease holder, or the only replica without "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from gpushare.contract import PodInfo, PodRequest, RequestError, parse_request
 from gpushare.model import Node
@@ -115,6 +115,14 @@ class PolicyBook:
                               "failures of this kind are not logged", extra={"policy": policy.name,
                                                                               "node": node.name})
             return None
+
+    def chooser(self, policy: Policy, request: PodRequest) -> Callable[[Node], tuple[int, ...] | None]:
+        """The GPUs ``policy`` picks for ``request`` on a node (``None`` where it does not fit): what
+        ``ClusterCache.reserve`` asks under the node's lock."""
+        def choose(node: Node) -> tuple[int, ...] | None:
+            candidate = self.evaluate(policy, node, request)
+            return None if candidate is None else candidate.gpus
+        return choose
 
     def observe_once(self, uid: str, request: PodRequest) -> None:
         """Count the pod in the workload the first time the extender sees it.

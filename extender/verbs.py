@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import replace
 from itertools import chain, filterfalse
@@ -13,7 +15,7 @@ from extender.gang import Gangs
 from extender.placement import PolicyBook, RequestCache
 from extender.wire import ExtenderArgs, check_node_names, filter_result
 from gpushare.cache.fitindex import FilterOutcome, shape_key
-from gpushare.cache.state import Bracket, Carry, ClusterCache
+from gpushare.cache.state import Bracket, Carry, ClusterCache, ReservationError
 from gpushare.contract import PodRequest
 from gpushare.model import Node
 from gpushare.policies import Policy, best_states, extender_scores
@@ -26,6 +28,12 @@ from gpushare.policies.base import (
     policy_version,
     reprices,
 )
+
+# How long filter holds the GPUs it chose for a pod (``Verbs._chosen``) if no bind takes them over: kube-scheduler's
+# binding cycle reaches the extender's bind within milliseconds, unless a PreBind step such as volume binding keeps
+# it longer (the race a hold closes then returns, for that pod only); a pod abandoned after filter holds its GPUs no
+# longer than this.
+FILTER_HOLD_S = 10.0
 
 
 class Verbs:
@@ -70,6 +78,9 @@ class Verbs:
         except ValueError as exc:  # a gang's field that cannot be read: the pod's error, like its request's
             check_node_names(self.cache.unknown(names))
             return filter_result(args, None, {}, {}, str(exc))
+        holding = gang is None and self.choose_in_filter
+        if holding:  # what an earlier filter of the pod chose is void now, and must not crowd it out of that node
+            self.cache.drop_filter_hold(args.pod.key)
         # Choosing in filter, a pod that some node passes gets one node and nothing else: kube-scheduler reads the
         # reasons of the nodes that fail only when none passes, and wording them cost a fifth of the filter.
         outcome = gang if gang is not None else self.cache.filter(names, request, args.pod.uid,
@@ -82,15 +93,21 @@ class Verbs:
         # when every node of a GPU model is full, kube-scheduler sends none of them, and the pods that need that
         # model are the demand fgd-scarcity prices it by. The trace replay learns the same pods.
         self.book.observe_once(args.pod.uid or args.pod.key, request)
-        return self._chosen(args, policy, request, outcome, max_reads)
+        return self._chosen(args, policy, request, outcome, max_reads, holding)
 
     def _chosen(self, args: ExtenderArgs, policy: Policy, request: PodRequest, outcome: FilterOutcome,
-                max_reads: int | None) -> dict[str, Any] | None:
-        """The filter's answer, passing only the favourite of ``passed`` when the extender chooses in filter.
+                max_reads: int | None, holding: bool) -> dict[str, Any] | None:
+        """The filter's answer, passing only the favourite of ``passed`` when the extender chooses in filter, and
+        with ``holding`` holding the GPUs the policy picks there for the pod until its bind (``FILTER_HOLD_S``).
 
         kube-scheduler skips prioritize when one node passed, so a GPU pod costs one call before its bind
         instead of two, and the node bound is the policy's choice, whatever kube-scheduler's own scores say.
         The nodes left out are neither failed nor unresolvable: the pod has a node, so nothing reports them.
+
+        kube-scheduler binds in the background and sends the next pod's filter at once, often before this pod's
+        bind arrives (whose reservation the next filter would otherwise be the first to see): unheld, the node
+        looked as free as before, the packing policies chose it again, and one of the two binds failed for want of
+        room, its pod waiting out a backoff (12 of 1,200 pods at 200 nodes, 8 of 300 at 60).
         """
         passed = outcome.passed
         if self.choose_in_filter and len(passed) > 1:
@@ -107,6 +124,11 @@ class Verbs:
             best = best_states(scores)
             if best:
                 passed = [self.cache.favourite(passed, states, best, outcome.passed_counts)]
+        if holding and len(passed) == 1:
+            # Should the node have changed meanwhile, the bind decides afresh, as without a hold, and says why.
+            with contextlib.suppress(ReservationError):
+                self.cache.reserve(passed[0], args.pod.key, args.pod.uid, request, self.book.chooser(policy, request),
+                                   held_until=time.monotonic() + FILTER_HOLD_S)
         return filter_result(args, passed, outcome.failed, outcome.unresolvable)
 
     def _follow(self, name: str, policy: ClusterAware, max_reads: int | None) -> bool:

@@ -286,12 +286,27 @@ def test_impossible_request_is_unresolvable(env: Env) -> None:
     assert set(body["FailedAndUnresolvableNodes"]) == {"mixed", "t4x2"}
 
 
+def test_filter_holds_its_choice_for_the_bind_kube_scheduler_sends_after_the_next_pods_filter(env: Env) -> None:
+    """kube-scheduler binds in the background and filters the next pod meanwhile: the node the first pod's filter
+    chose must not be offered to the second before the first's bind arrives, and both binds then succeed."""
+    # Two GPUs of 12 GiB each: either node takes one such pod, and not a second.
+    first = create_pod(env.core, pod_body("first", 24, gpu_count=2))
+    second = create_pod(env.core, pod_body("second", 24, gpu_count=2))
+    names = ["mixed", "t4x2"]
+    answers = [env.post("filter", {"Pod": pod, "NodeNames": names}).json()["NodeNames"] for pod in (first, second)]
+    assert answers[0] != answers[1] and all(len(answer) == 1 for answer in answers), answers
+    for pod, [node] in zip((first, second), answers, strict=True):
+        assert env.bind(pod, node, filter_first=False) == ""
+    env.settled()
+
+
 def test_bind_that_no_longer_fits_fails_cleanly(env: Env) -> None:
-    first = create_pod(env.core, pod_body("first", 30))
     second = create_pod(env.core, pod_body("second", 30))
-    # Both pass filter while the node is empty, as when kube-scheduler filters the second before the first's bind.
     env.filter(second, "mixed")
-    assert env.bind(first, "mixed") == ""
+    # A pod placed by another scheduler (or a peer replica's bind) takes the GPU the filter held before the bind.
+    rival = pod_body("first", 30, node="mixed", annotations={ANN_IDX: "1", ANN_POD: "30", ANN_DEV: "32"})
+    create_pod(env.core, rival)
+    wait_for(lambda: env.inspect("mixed")["nodes"][0]["devs"][1]["usedGPU"] > 32, "the watch to show the rival pod")
     error = env.bind(second, "mixed", filter_first=False)
     assert "gpushare could not bind pod default/second to node mixed: the pod no longer fits" in error
     stored = read_pod(env.core, "second")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import suppress
 from dataclasses import replace
 from typing import Any
@@ -17,13 +18,12 @@ from test_extender_harness import pod_body
 from extender.app import INLINE_SCORE_READS
 from extender.gang import Gangs
 from extender.placement import PolicyBook, RequestCache
-from extender.verbs import Verbs
+from extender.verbs import FILTER_HOLD_S, Verbs
 from extender.wire import ExtenderArgs, parse_extender_args
 from gpushare.cache.gangs import GangIndex
 from gpushare.cache.state import ClusterCache, ReservationError
 from gpushare.contract import ANN_GPU_MODEL, MemoryUnit, PodRequest, parse_request
 from gpushare.kube.api import PodGroups
-from gpushare.model import Node
 from gpushare.policies import choose_node, policy_names
 from gpushare.policies.workload import Shape
 
@@ -52,18 +52,12 @@ def test_a_binds_catch_up_leaves_the_next_filter_nothing_to_read() -> None:
     nothing afresh, it answers; without the catch-up it cannot, and it answers the same once it has read."""
     cache = ClusterCache()
     cache.replace_nodes([node_info(name, [16384, 16384]) for name in NODES])
-    verbs, book = verbs_over(cache, "fgd-scarcity")
+    verbs, _ = verbs_over(cache, "fgd-scarcity")
     first = filter_args("first", NODES[:10])
     chosen = verbs.filter(first)["NodeNames"]
     assert len(chosen) == 1 and chosen[0] in NODES[:10]
-    request = parse_request(first.pod)
-    policy = book.for_request(request)
-
-    def choose(node: Node) -> tuple[int, ...] | None:
-        candidate = book.evaluate(policy, node, request)
-        return None if candidate is None else candidate.gpus
-
-    cache.reserve(chosen[0], first.pod.key, first.pod.uid, request, choose)
+    # Filter held the GPUs it chose, and the bind takes them over as its reservation.
+    assert cache.take_filter_hold(first.pod.key, first.pod.uid, chosen[0], cache.resolve(parse_request(first.pod)))
     second = filter_args("second", NODES[10:])  # the empty nodes the first filter scored
     assert verbs.filter(second, 0) is None, "the reservation is still to be read"
     verbs.catch_up()
@@ -131,23 +125,23 @@ def test_every_pod_kube_scheduler_asks_about_is_learned_though_its_window_holds_
 def filter_as_fresh_scores_would(cache: ClusterCache, verbs: Verbs, book: PolicyBook, names: list[str], name: str,
                                  units: int, cpu_milli: int, place: bool) -> None:
     """Filter a pod of ``units`` of GPU memory and ``cpu_milli`` over ``names``: it must choose what the pod's policy
-    chooses scoring every node afresh. With ``place``, the pod is then reserved there, as bind would."""
+    chooses scoring every node afresh. With ``place``, the bind then takes over what filter held there; without,
+    the hold is given back, as when it lapses."""
     body: dict[str, Any] = pod_body(name, gpu_mem=units, cpu=f"{cpu_milli}m")
     body["metadata"] |= {"uid": f"uid-{name}", "resourceVersion": "1"}
     args = parse_extender_args(orjson.dumps({"Pod": body, "NodeNames": names}))
+    before = cache.snapshot(names)
     chosen = verbs.filter(args)["NodeNames"]
     request = cache.resolve(parse_request(args.pod))
     pod_policy = book.for_request(request)
-    fresh = choose_node(cache.snapshot(names), replace(request, memory_mib=0), pod_policy, cache.tie_seed)
+    fresh = choose_node(before, replace(request, memory_mib=0), pod_policy, cache.tie_seed)
     assert chosen == ([] if fresh is None else [fresh[0].name]), (name, units, cpu_milli)
     if place and chosen:
-
-        def gpus(node: Node) -> tuple[int, ...] | None:
-            candidate = book.evaluate(pod_policy, node, request)
-            return None if candidate is None else candidate.gpus
-
-        cache.reserve(chosen[0], args.pod.key, args.pod.uid, request, gpus)
+        taken = cache.take_filter_hold(args.pod.key, args.pod.uid, chosen[0], request)
+        assert taken is not None and fresh is not None and taken.placement.gpu_indices == fresh[1].gpus
         verbs.catch_up()
+    else:
+        cache.drop_filter_hold(args.pod.key)
 
 
 @settings(max_examples=40, deadline=None)
@@ -205,3 +199,71 @@ def test_filters_that_answer_from_other_shares_of_a_class_choose_the_node_fresh_
     for i, (base, offset, halves, place) in enumerate(pods):
         units = base + offset * (base // 100) // 100  # within the class of ``base``
         filter_as_fresh_scores_would(cache, verbs, book, names, f"pod-{i}", units, halves * 500, place)
+
+
+def whole_gpu_args(name: str, names: list[str]) -> ExtenderArgs:
+    pod: dict[str, Any] = pod_body(name, gpu_mem=16)
+    pod["metadata"] |= {"uid": f"uid-{name}", "resourceVersion": "1"}
+    return parse_extender_args(orjson.dumps({"Pod": pod, "NodeNames": names}))
+
+
+def test_filter_holds_the_gpus_it_chose_until_the_bind_takes_them_over() -> None:
+    """kube-scheduler sends the next pod's filter before this pod's bind arrives: the node filter chose must not look
+    free to it, or the packing policy chooses it again and one of the two binds fails for want of room."""
+    cache = ClusterCache()
+    cache.replace_nodes([node_info(name, [16384]) for name in NODES[:2]])
+    verbs, _ = verbs_over(cache, "binpack")
+    first, second = whole_gpu_args("first", NODES[:2]), whole_gpu_args("second", NODES[:2])
+    [chosen] = verbs.filter(first)["NodeNames"]
+    [other] = verbs.filter(second)["NodeNames"]
+    assert other != chosen, "the second filter saw the first one's node as free"
+    assert verbs.filter(whole_gpu_args("third", NODES[:2]))["NodeNames"] == []
+    assert cache.reservations() == 2
+    # Filtered again (its bind failed elsewhere, or it went back to the queue), a pod is offered its own node again.
+    assert verbs.filter(first)["NodeNames"] == [chosen] and cache.reservations() == 2
+    request = cache.resolve(parse_request(first.pod))
+    taken = cache.take_filter_hold(first.pod.key, first.pod.uid, chosen, request)
+    assert taken is not None and taken.placement.gpu_indices == (0,) and not taken.held_until
+    assert cache.take_filter_hold(first.pod.key, first.pod.uid, chosen, request) is None, "taken once"
+    # A bind to another node than filter held gives the hold back.
+    assert cache.take_filter_hold(second.pod.key, second.pod.uid, chosen, request) is None
+    assert cache.reservations() == 1
+
+
+def test_a_hold_no_bind_takes_over_lapses() -> None:
+    cache = ClusterCache()
+    cache.replace_nodes([node_info(NODES[0], [16384])])
+    verbs, _ = verbs_over(cache, "binpack")
+    started = time.monotonic()
+    assert verbs.filter(whole_gpu_args("first", NODES[:1]))["NodeNames"] == [NODES[0]]
+    assert verbs.filter(whole_gpu_args("second", NODES[:1]))["NodeNames"] == []
+    assert cache.release_lapsed_holds(started) == 0
+    assert cache.release_lapsed_holds(started + FILTER_HOLD_S + 1) == 1
+    assert verbs.filter(whole_gpu_args("second", NODES[:1]))["NodeNames"] == [NODES[0]]
+
+
+def test_a_hold_gives_way_to_the_pod_bound_elsewhere_and_to_its_deletion() -> None:
+    """With several replicas the leader binds the pod that a follower's filter held for: the watch's word counts."""
+    cache = ClusterCache()
+    cache.replace_nodes([node_info(name, [16384]) for name in NODES[:2]])
+    verbs, _ = verbs_over(cache, "binpack")
+    first = whole_gpu_args("first", NODES[:2])
+    [chosen] = verbs.filter(first)["NodeNames"]
+    elsewhere = NODES[1] if chosen == NODES[0] else NODES[0]
+    cache.upsert_pod(gpu_pod("first", 16, node=elsewhere, gpus=(0,)))
+    assert cache.reservations() == 0
+    assert verbs.filter(whole_gpu_args("second", NODES[:2]))["NodeNames"] == [chosen]
+    cache.delete_pod(gpu_pod("second", 16))
+    assert cache.reservations() == 0
+
+
+def test_a_bind_does_not_take_over_a_hold_that_a_pod_the_watch_added_overcommits() -> None:
+    cache = ClusterCache()
+    cache.replace_nodes([node_info(NODES[0], [16384])])
+    verbs, _ = verbs_over(cache, "binpack")
+    first = whole_gpu_args("first", NODES[:1])
+    assert verbs.filter(first)["NodeNames"] == [NODES[0]]
+    cache.upsert_pod(gpu_pod("rival", 16, node=NODES[0], gpus=(0,)))  # placed by another scheduler meanwhile
+    request = cache.resolve(parse_request(first.pod))
+    assert cache.take_filter_hold(first.pod.key, first.pod.uid, NODES[0], request) is None
+    assert cache.reservations() == 0

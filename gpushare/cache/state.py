@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import math
 import threading
 from bisect import bisect_left, insort
 from collections import Counter
@@ -186,7 +187,8 @@ class ReservationError(Exception):
 
 @dataclass(eq=False, slots=True)
 class Reservation:
-    """GPUs held for a pod between bind's decision and the watch showing the pod bound."""
+    """GPUs held for a pod between a decision (bind's, a gang's plan or filter's choice) and the watch showing the pod
+    bound."""
 
     node: str
     pod_key: str
@@ -196,6 +198,21 @@ class Reservation:
     unit: MemoryUnit
     gang: str = ""
     """The gang (namespace/name) whose plan holds these GPUs for the pod until it binds; empty for a bind's own."""
+    held_until: float = 0.0
+    """For GPUs that filter chose and holds for the pod until its bind takes them over (``take_filter_hold``): the
+    ``time.monotonic()`` at which the hold lapses if no bind came; 0 for a bind's own and a gang's."""
+    request: PodRequest | None = None
+    """What the hold of filter's was chosen for: a bind takes it over only for the same request."""
+
+
+def _overcommitted(node: Node, placement: Placement) -> bool:
+    """Whether a GPU of ``placement`` now holds more than it has, or an exclusive pod beside others: what a pod that
+    the watch accounts beside a hold can make of it (the API's word counts, even where it overcommits)."""
+    for index in placement.gpu_indices:
+        gpu = node.gpu(index)
+        if gpu is None or gpu.used > gpu.total or (gpu.exclusive and gpu.holders > 1):
+            return True
+    return False
 
 
 class _Entry:
@@ -786,8 +803,9 @@ class ClusterCache:
     # -- reservations --------------------------------------------------------------------------------------
 
     def reserve(self, node_name: str, pod_key: str, uid: str, request: PodRequest,
-                choose: Callable[[Node], tuple[int, ...] | None]) -> Reservation:
-        """Pick GPUs with ``choose`` under the node's lock and hold them for the pod at once."""
+                choose: Callable[[Node], tuple[int, ...] | None], held_until: float = 0.0) -> Reservation:
+        """Pick GPUs with ``choose`` under the node's lock and hold them for the pod at once; ``held_until``: a hold of
+        filter's choice, lapsing then (``Reservation.held_until``)."""
         entry = self._entries.get(node_name)
         if entry is None:
             raise ReservationError(f"node {node_name} is not in the gpushare extender's cache")
@@ -808,7 +826,8 @@ class ClusterCache:
                 except ValueError as exc:
                     raise ReservationError(str(exc)) from None
                 totals = tuple(g.total for i in gpus if (g := node.gpu(i)) is not None)
-                reservation = Reservation(node_name, pod_key, uid, placement, totals, node.unit)
+                reservation = Reservation(node_name, pod_key, uid, placement, totals, node.unit,
+                                          held_until=held_until, request=request if held_until else None)
                 self._reservations[pod_key] = reservation
                 self._pod_nodes[pod_key] = node_name
             self._refresh(entry)
@@ -822,19 +841,59 @@ class ClusterCache:
 
     def release(self, reservation: Reservation) -> None:
         """Give back a reservation whose bind failed (a no-op once confirmed or replaced)."""
+        self._give_back(reservation, None)
+
+    def _give_back(self, reservation: Reservation, held_by: float | None) -> bool:
+        """``release``; with ``held_by``, only while it is still a hold of filter's lapsing by then (a bind may have
+        taken it over meanwhile). Whether it was given back."""
         entry = self._entries.get(reservation.node)
         if entry is None:
-            return
+            return False
         with entry.lock, self._registry:
             if self._reservations.get(reservation.pod_key) is not reservation:
-                return
+                return False
+            if held_by is not None and not 0.0 < reservation.held_until <= held_by:
+                return False
             del self._reservations[reservation.pod_key]
             del self._pod_nodes[reservation.pod_key]
             entry.state.remove(reservation.pod_key)
             self._refresh(entry)
+        return True
 
     def reservations(self) -> int:
         return len(self._reservations)
+
+    # -- filter's choice, held until its bind ----------------------------------------------------------------
+
+    def drop_filter_hold(self, pod_key: str) -> None:
+        """Give back what an earlier filter held for the pod: kube-scheduler filters it again, so that choice is void
+        (and must not crowd the pod out of its own favourite)."""
+        reservation = self._reservations.get(pod_key)
+        if reservation is not None and reservation.held_until:
+            self._give_back(reservation, math.inf)
+
+    def take_filter_hold(self, pod_key: str, uid: str, node_name: str, request: PodRequest) -> Reservation | None:
+        """The GPUs filter held for this incarnation of the pod and ``request`` on ``node_name``, now bind's own
+        reservation; ``None`` (any other hold of the pod given back) when filter held nothing such, or when a pod the
+        watch has shown since (bound by a peer replica or another scheduler) took the room it held."""
+        reservation = self._reservations.get(pod_key)
+        if reservation is None or not reservation.held_until:
+            return None
+        entry = self._entries.get(node_name)
+        if entry is not None and (reservation.uid, reservation.node, reservation.request) == (uid, node_name, request):
+            with entry.lock, self._registry:
+                if (self._reservations.get(pod_key) is reservation and reservation.held_until
+                        and not _overcommitted(entry.state, reservation.placement)):
+                    reservation.held_until = 0.0
+                    return reservation
+        self._give_back(reservation, math.inf)
+        return None
+
+    def release_lapsed_holds(self, now: float) -> int:
+        """Give back filter's holds that no bind took over by ``now`` (``time.monotonic()``); how many."""
+        with self._registry:
+            lapsed = [r for r in self._reservations.values() if 0.0 < r.held_until <= now]
+        return sum(self._give_back(reservation, now) for reservation in lapsed)
 
     # -- gangs: GPUs held for every planned member at once ----------------------------------------------------
 
@@ -963,7 +1022,7 @@ class ClusterCache:
                     chosen = dict(targets)
                     for key, reservation in list(self._reservations.items()):
                         listed = targets.get(key)
-                        if listed is not None and self._confirms(reservation, *listed):
+                        if listed is not None and (reservation.held_until or self._confirms(reservation, *listed)):
                             del self._reservations[key]
                         else:
                             chosen[key] = (reservation.node, reservation.placement)
@@ -1020,9 +1079,10 @@ class ClusterCache:
                 current = self._pod_nodes.get(key)
                 reservation = self._reservations.get(key)
             if reservation is not None:
-                # A gang's hold gives way to the pod bound anywhere: with several replicas the leader binds it on
-                # GPUs of its own choosing, and what the API says the pod holds is what counts.
-                confirmed = target is not None and (bool(reservation.gang) or self._confirms(reservation, *target))
+                # A gang's hold, or filter's, gives way to the pod bound anywhere: with several replicas the leader
+                # binds it on GPUs of its own choosing, and what the API says the pod holds is what counts.
+                confirmed = target is not None and (bool(reservation.gang or reservation.held_until)
+                                                    or self._confirms(reservation, *target))
                 ended = gone and pod.uid == reservation.uid
                 if not confirmed and not ended:
                     return  # an event from before the bind, or a rival's; the bind settles it either way
