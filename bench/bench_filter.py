@@ -9,8 +9,8 @@ as ``--fleet openb`` builds them, every GPU 1000 MiB). For each of ``--pods`` po
 GPU share, model rule, CPU and memory), ``Verbs.filter`` answers a window of ``--window`` node names, each window
 starting where the last one ended, as kube-scheduler's rotating start does when every node is feasible; filter
 holds the GPUs it chose there (its evaluation counted with filter's), bind's reservation takes the hold over, and
-the policies catch up, as bind does before its Binding. Two passes over the same pods, in this process, each choosing in filter (the
-extender's default: filter passes only the policy's favourite):
+the policies catch up, as bind does before its Binding. Two passes over the same pods, in this process, each
+choosing in filter (the extender's default: filter passes only the policy's favourite):
 
 * **binpack**, the baseline: a policy whose evaluation of a node is a few comparisons, so that the pass costs
   what parsing, checking fit, looking up remembered scores and answering cost;
