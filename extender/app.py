@@ -131,7 +131,7 @@ async def _freeze_when_synced(watch: ClusterWatch, verbs: Verbs, frozen: asyncio
     frozen.set()
 
 
-async def _sweep(cache: ClusterCache, gangs: Gangs) -> None:
+async def _sweep(cache: ClusterCache, gangs: Gangs, metrics: ExtenderMetrics) -> None:
     """Once a second: give back what filter held for pods whose bind never came (memory only), and release gang plans
     past their timeout (Events are API calls: off the event loop)."""
     while True:
@@ -139,6 +139,7 @@ async def _sweep(cache: ClusterCache, gangs: Gangs) -> None:
         try:
             lapsed = cache.release_lapsed_holds(time.monotonic())
             if lapsed:
+                metrics.lapsed_holds.inc(lapsed)
                 log.info("gave back the GPUs filter held for pods that no bind came for", extra={
                     "pods": lapsed, "held_s": FILTER_HOLD_S})
             await run_in_threadpool(gangs.expire)
@@ -263,7 +264,7 @@ def create_app(config: ExtenderConfig, kube: Kube, tls: ServerTLS | None = None)
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         watch.start()
         freezer = asyncio.create_task(_freeze_when_synced(watch, verbs, frozen))
-        sweeper = asyncio.create_task(_sweep(cache, gangs))
+        sweeper = asyncio.create_task(_sweep(cache, gangs, metrics))
         if elector is not None and forwarder is not None:
             await forwarder.open()
             elector.start()

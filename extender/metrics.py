@@ -133,6 +133,10 @@ class ExtenderMetrics:
         self.bind_conflicts = Counter("gpushare_extender_bind_conflicts",
                                       "Binds that found the pod changed since it was read and decided again.",
                                       registry=self.registry)
+        self.lapsed_holds = Counter("gpushare_extender_filter_holds_lapsed",
+                                    "GPUs that filter held for a pod and gave back because no bind came within "
+                                    "their time (a slow PreBind, or a pod kube-scheduler gave up after filter).",
+                                    registry=self.registry)
         self.scheduling_wait = Histogram(
             "gpushare_extender_pod_scheduling_wait_seconds",
             "Time from a pod's first filter to its successful bind on this replica: the GPU path's cost to the pod, "

@@ -29,6 +29,7 @@ from test_extender_harness import (
 
 from extender.app import FULL_COLLECTION_AFTER
 from extender.config import ExtenderConfig, NodeChoice
+from extender.verbs import FILTER_HOLD_S
 from gpushare.contract import (
     ANN_ASSIGNED,
     ANN_CONTAINER_SHARES,
@@ -298,6 +299,19 @@ def test_filter_holds_its_choice_for_the_bind_kube_scheduler_sends_after_the_nex
     for pod, [node] in zip((first, second), answers, strict=True):
         assert env.bind(pod, node, filter_first=False) == ""
     env.settled()
+
+
+def test_a_hold_that_no_bind_takes_over_is_given_back_and_counted(env: Env) -> None:
+    """kube-scheduler may give a pod up after its filter (a Reserve or Permit step failed, the scheduler restarted):
+    the GPUs filter held for it go back after ``FILTER_HOLD_S``, and /metrics counts them."""
+    first = create_pod(env.core, pod_body("first", 24, gpu_count=2))
+    second = create_pod(env.core, pod_body("second", 24, gpu_count=2))
+    assert env.post("filter", {"Pod": first, "NodeNames": ["t4x2"]}).json()["NodeNames"] == ["t4x2"]
+    assert env.post("filter", {"Pod": second, "NodeNames": ["t4x2"]}).json()["NodeNames"] == []
+    lapsed = "gpushare_extender_filter_holds_lapsed_total"
+    wait_for(lambda: env.metric(lapsed) == 1, "the hold to lapse", timeout_s=FILTER_HOLD_S + 5)
+    assert env.post("filter", {"Pod": second, "NodeNames": ["t4x2"]}).json()["NodeNames"] == ["t4x2"]
+    assert env.bind(second, "t4x2", filter_first=False) == ""
 
 
 def test_bind_that_no_longer_fits_fails_cleanly(env: Env) -> None:
