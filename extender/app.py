@@ -359,17 +359,16 @@ def create_app(config: ExtenderConfig, kube: Kube, tls: ServerTLS | None = None)
             except (BadRequest, _BodyError) as exc:
                 return bad_request("bind", exc)
             forwarded_by = request.headers.get(FORWARDED_BY_HEADER)
+            pod_key = f"{args.pod_namespace}/{args.pod_name}"
+            ledger_key = args.pod_uid or pod_key
             # A forwarded bind was checked by the follower that kube-scheduler filtered through (the Service
             # keeps a scheduler on one replica); the leader never saw that filter.
-            problem = None if forwarded_by is not None else ledger.problem(
-                args.pod_uid or f"{args.pod_namespace}/{args.pod_name}", args.node)
+            problem = None if forwarded_by is not None else ledger.problem(ledger_key, args.node)
             if problem is not None:
                 metrics.binds.labels("failed").inc()
                 metrics.count("bind", 200)
-                return _json({"Error": f"gpushare refused to bind pod {args.pod_namespace}/{args.pod_name} to node "
+                return _json({"Error": f"gpushare refused to bind pod {pod_key} to node "
                                        f"{args.node}: {problem}; kube-scheduler will filter it again."})
-            ledger_key = args.pod_uid or f"{args.pod_namespace}/{args.pod_name}"
-            pod_key = f"{args.pod_namespace}/{args.pod_name}"
             if elector is not None and forwarder is not None and not elector.is_leader:
                 answer = await forwarder.forward(body, args, elector.view(), forwarded_by)
                 if answer.status == 200 and _bound(answer.body):

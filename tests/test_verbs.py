@@ -40,8 +40,8 @@ def verbs_over(cache: ClusterCache, policy: str, workload: dict[Shape, float] | 
     return Verbs(cache, book, requests, gangs), book
 
 
-def filter_args(name: str, names: list[str]) -> ExtenderArgs:
-    pod: dict[str, Any] = pod_body(name, gpu_mem=4)
+def filter_args(name: str, names: list[str], gpu_mem: int = 4) -> ExtenderArgs:
+    pod: dict[str, Any] = pod_body(name, gpu_mem=gpu_mem)
     pod["metadata"] |= {"uid": f"uid-{name}", "resourceVersion": "1"}
     return parse_extender_args(orjson.dumps({"Pod": pod, "NodeNames": names}))
 
@@ -201,23 +201,17 @@ def test_filters_that_answer_from_other_shares_of_a_class_choose_the_node_fresh_
         filter_as_fresh_scores_would(cache, verbs, book, names, f"pod-{i}", units, halves * 500, place)
 
 
-def whole_gpu_args(name: str, names: list[str]) -> ExtenderArgs:
-    pod: dict[str, Any] = pod_body(name, gpu_mem=16)
-    pod["metadata"] |= {"uid": f"uid-{name}", "resourceVersion": "1"}
-    return parse_extender_args(orjson.dumps({"Pod": pod, "NodeNames": names}))
-
-
 def test_filter_holds_the_gpus_it_chose_until_the_bind_takes_them_over() -> None:
     """kube-scheduler sends the next pod's filter before this pod's bind arrives: the node filter chose must not look
     free to it, or the packing policy chooses it again and one of the two binds fails for want of room."""
     cache = ClusterCache()
     cache.replace_nodes([node_info(name, [16384]) for name in NODES[:2]])
     verbs, _ = verbs_over(cache, "binpack")
-    first, second = whole_gpu_args("first", NODES[:2]), whole_gpu_args("second", NODES[:2])
+    first, second = filter_args("first", NODES[:2], gpu_mem=16), filter_args("second", NODES[:2], gpu_mem=16)
     [chosen] = verbs.filter(first)["NodeNames"]
     [other] = verbs.filter(second)["NodeNames"]
     assert other != chosen, "the second filter saw the first one's node as free"
-    assert verbs.filter(whole_gpu_args("third", NODES[:2]))["NodeNames"] == []
+    assert verbs.filter(filter_args("third", NODES[:2], gpu_mem=16))["NodeNames"] == []
     assert cache.reservations() == 2
     # Filtered again (its bind failed elsewhere, or it went back to the queue), a pod is offered its own node again.
     assert verbs.filter(first)["NodeNames"] == [chosen] and cache.reservations() == 2
@@ -235,11 +229,11 @@ def test_a_hold_no_bind_takes_over_lapses() -> None:
     cache.replace_nodes([node_info(NODES[0], [16384])])
     verbs, _ = verbs_over(cache, "binpack")
     started = time.monotonic()
-    assert verbs.filter(whole_gpu_args("first", NODES[:1]))["NodeNames"] == [NODES[0]]
-    assert verbs.filter(whole_gpu_args("second", NODES[:1]))["NodeNames"] == []
+    assert verbs.filter(filter_args("first", NODES[:1], gpu_mem=16))["NodeNames"] == [NODES[0]]
+    assert verbs.filter(filter_args("second", NODES[:1], gpu_mem=16))["NodeNames"] == []
     assert cache.release_lapsed_holds(started) == 0
     assert cache.release_lapsed_holds(started + FILTER_HOLD_S + 1) == 1
-    assert verbs.filter(whole_gpu_args("second", NODES[:1]))["NodeNames"] == [NODES[0]]
+    assert verbs.filter(filter_args("second", NODES[:1], gpu_mem=16))["NodeNames"] == [NODES[0]]
 
 
 def test_a_hold_gives_way_to_the_pod_bound_elsewhere_and_to_its_deletion() -> None:
@@ -247,12 +241,12 @@ def test_a_hold_gives_way_to_the_pod_bound_elsewhere_and_to_its_deletion() -> No
     cache = ClusterCache()
     cache.replace_nodes([node_info(name, [16384]) for name in NODES[:2]])
     verbs, _ = verbs_over(cache, "binpack")
-    first = whole_gpu_args("first", NODES[:2])
+    first = filter_args("first", NODES[:2], gpu_mem=16)
     [chosen] = verbs.filter(first)["NodeNames"]
     elsewhere = NODES[1] if chosen == NODES[0] else NODES[0]
     cache.upsert_pod(gpu_pod("first", 16, node=elsewhere, gpus=(0,)))
     assert cache.reservations() == 0
-    assert verbs.filter(whole_gpu_args("second", NODES[:2]))["NodeNames"] == [chosen]
+    assert verbs.filter(filter_args("second", NODES[:2], gpu_mem=16))["NodeNames"] == [chosen]
     cache.delete_pod(gpu_pod("second", 16))
     assert cache.reservations() == 0
 
@@ -261,7 +255,7 @@ def test_a_bind_does_not_take_over_a_hold_that_a_pod_the_watch_added_overcommits
     cache = ClusterCache()
     cache.replace_nodes([node_info(NODES[0], [16384])])
     verbs, _ = verbs_over(cache, "binpack")
-    first = whole_gpu_args("first", NODES[:1])
+    first = filter_args("first", NODES[:1], gpu_mem=16)
     assert verbs.filter(first)["NodeNames"] == [NODES[0]]
     cache.upsert_pod(gpu_pod("rival", 16, node=NODES[0], gpus=(0,)))  # placed by another scheduler meanwhile
     request = cache.resolve(parse_request(first.pod))
