@@ -15,6 +15,7 @@ from typing import Any, cast
 import orjson
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -145,6 +146,16 @@ async def _sweep(cache: ClusterCache, gangs: Gangs, metrics: ExtenderMetrics) ->
             await run_in_threadpool(gangs.expire)
         except Exception:  # the sweeper must outlive any one failure; the next round tries again
             log.exception("giving back lapsed holds or timed-out gang plans failed")
+
+
+async def _hold_now(hold: Callable[[], None]) -> None:
+    """Make filter's hold (``Filtered.hold``) on the event loop once its answer is written: with no await in between,
+    no other request is read first, and kube-scheduler sends the pod's bind, and the next pod's filter, only once it
+    has the answer. A hold not made leaves the bind to reserve afresh, as without one."""
+    try:
+        hold()
+    except Exception:
+        log.exception("holding the GPUs filter chose for a pod failed; its bind will reserve them afresh")
 
 
 def _passed(result: dict[str, Any]) -> list[str]:
@@ -296,14 +307,16 @@ def create_app(config: ExtenderConfig, kube: Kube, tls: ServerTLS | None = None)
                 # A gang member's filter may read its PodGroup from the API server and plan the whole gang, and
                 # choosing a node may score thousands of nodes afresh: off the event loop, which must keep
                 # answering health checks and other pods meanwhile. Mostly remembered answers (as for prioritize).
-                result = None if names_a_gang(args.pod) else verbs.filter(args, INLINE_SCORE_READS)
-                if result is None:
-                    result = await run_in_threadpool(verbs.filter, args)
+                filtered = None if names_a_gang(args.pod) else verbs.filter(args, INLINE_SCORE_READS)
+                if filtered is None:
+                    filtered = await run_in_threadpool(verbs.filter, args)
             except (BadRequest, _BodyError) as exc:
                 return bad_request("filter", exc)
-            ledger.record(args.pod.uid or args.pod.key, _passed(result))
+            ledger.record(args.pod.uid or args.pod.key, _passed(filtered.answer))
             metrics.filtered(args.pod.uid)
-            response = _json(result)
+            response = _json(filtered.answer)
+            if filtered.hold is not None:
+                response.background = BackgroundTask(_hold_now, filtered.hold)
             metrics.count("filter", 200)
             return response
 

@@ -46,6 +46,14 @@ def filter_args(name: str, names: list[str], gpu_mem: int = 4) -> ExtenderArgs:
     return parse_extender_args(orjson.dumps({"Pod": pod, "NodeNames": names}))
 
 
+def answered(verbs: Verbs, args: ExtenderArgs) -> dict[str, Any]:
+    """filter's answer, the GPUs it chose held as the extender holds them once the answer is written."""
+    filtered = verbs.filter(args)
+    if filtered.hold is not None:
+        filtered.hold()
+    return filtered.answer
+
+
 def test_a_binds_catch_up_leaves_the_next_filter_nothing_to_read() -> None:
     """Bind shows the policies that follow the cluster its reservation (``Verbs.catch_up``) before its Binding,
     so that the next pod's filter, on kube-scheduler's serial path, finds nothing changed to read: asked to read
@@ -54,15 +62,16 @@ def test_a_binds_catch_up_leaves_the_next_filter_nothing_to_read() -> None:
     cache.replace_nodes([node_info(name, [16384, 16384]) for name in NODES])
     verbs, _ = verbs_over(cache, "fgd-scarcity")
     first = filter_args("first", NODES[:10])
-    chosen = verbs.filter(first)["NodeNames"]
+    chosen = answered(verbs, first)["NodeNames"]
     assert len(chosen) == 1 and chosen[0] in NODES[:10]
     # Filter held the GPUs it chose, and the bind takes them over as its reservation.
     assert cache.take_filter_hold(first.pod.key, first.pod.uid, chosen[0], cache.resolve(parse_request(first.pod)))
     second = filter_args("second", NODES[10:])  # the empty nodes the first filter scored
     assert verbs.filter(second, 0) is None, "the reservation is still to be read"
     verbs.catch_up()
-    answer = verbs.filter(second, 0)
-    assert answer is not None and answer == verbs.filter(second)
+    filtered = verbs.filter(second, 0)
+    assert filtered is not None and filtered.answer == verbs.filter(second).answer
+    answer = filtered.answer
     assert len(answer["NodeNames"]) == 1 and answer["NodeNames"][0] in NODES[10:]
 
 
@@ -77,8 +86,8 @@ def test_a_policy_shown_the_cluster_at_start_leaves_the_first_filter_only_its_wi
     assert verbs.filter(filter_args("first", NODES[:10]), reads) is None, "every node is still to be copied"
     shown, _ = verbs_over(cache, "fgd-scarcity")
     shown.show_cluster()
-    answer = shown.filter(filter_args("first", NODES[:10]), reads)
-    assert answer is not None and answer == verbs.filter(filter_args("first", NODES[:10]))
+    filtered = shown.filter(filter_args("first", NODES[:10]), reads)
+    assert filtered is not None and filtered.answer == verbs.filter(filter_args("first", NODES[:10])).answer
 
 
 def test_a_window_of_six_dozen_node_states_is_answered_on_the_event_loop() -> None:
@@ -93,9 +102,9 @@ def test_a_window_of_six_dozen_node_states_is_answered_on_the_event_loop() -> No
     verbs, _ = verbs_over(cache, "fgd-scarcity")
     args = filter_args("pod", names)
     assert verbs.filter(args, len(sizes) - 1) is None, "more states than allowed inline go to a thread"
-    answer = verbs.filter(args, INLINE_SCORE_READS)
-    assert answer is not None and answer == verbs.filter(args)
-    assert len(answer["NodeNames"]) == 1 and answer["NodeNames"][0] in names
+    filtered = verbs.filter(args, INLINE_SCORE_READS)
+    assert filtered is not None and filtered.answer == verbs.filter(args).answer
+    assert len(filtered.answer["NodeNames"]) == 1 and filtered.answer["NodeNames"][0] in names
 
 
 def test_every_pod_kube_scheduler_asks_about_is_learned_though_its_window_holds_no_node_that_could_run_it() -> None:
@@ -117,7 +126,7 @@ def test_every_pod_kube_scheduler_asks_about_is_learned_though_its_window_holds_
 
     for name, model in (("t4-pod", "Tesla-T4"), ("a100-pod", "A100")):
         args = constrained(name, model)
-        answer = verbs.filter(args)
+        answer = answered(verbs, args)
         assert answer["NodeNames"] == [] and sorted(answer["FailedAndUnresolvableNodes"]) == others
         assert Shape.of(parse_request(args.pod)) in book.workload.histogram()
 
@@ -131,7 +140,7 @@ def filter_as_fresh_scores_would(cache: ClusterCache, verbs: Verbs, book: Policy
     body["metadata"] |= {"uid": f"uid-{name}", "resourceVersion": "1"}
     args = parse_extender_args(orjson.dumps({"Pod": body, "NodeNames": names}))
     before = cache.snapshot(names)
-    chosen = verbs.filter(args)["NodeNames"]
+    chosen = answered(verbs, args)["NodeNames"]
     request = cache.resolve(parse_request(args.pod))
     pod_policy = book.for_request(request)
     fresh = choose_node(before, replace(request, memory_mib=0), pod_policy, cache.tie_seed)
@@ -208,13 +217,17 @@ def test_filter_holds_the_gpus_it_chose_until_the_bind_takes_them_over() -> None
     cache.replace_nodes([node_info(name, [16384]) for name in NODES[:2]])
     verbs, _ = verbs_over(cache, "binpack")
     first, second = filter_args("first", NODES[:2], gpu_mem=16), filter_args("second", NODES[:2], gpu_mem=16)
-    [chosen] = verbs.filter(first)["NodeNames"]
-    [other] = verbs.filter(second)["NodeNames"]
+    # The hold is made once the answer is out, off kube-scheduler's serial cycle (extender/app.py).
+    filtered = verbs.filter(first)
+    [chosen] = filtered.answer["NodeNames"]
+    assert filtered.hold is not None and cache.reservations() == 0
+    filtered.hold()
+    [other] = answered(verbs, second)["NodeNames"]
     assert other != chosen, "the second filter saw the first one's node as free"
-    assert verbs.filter(filter_args("third", NODES[:2], gpu_mem=16))["NodeNames"] == []
+    assert answered(verbs, filter_args("third", NODES[:2], gpu_mem=16))["NodeNames"] == []
     assert cache.reservations() == 2
     # Filtered again (its bind failed elsewhere, or it went back to the queue), a pod is offered its own node again.
-    assert verbs.filter(first)["NodeNames"] == [chosen] and cache.reservations() == 2
+    assert answered(verbs, first)["NodeNames"] == [chosen] and cache.reservations() == 2
     request = cache.resolve(parse_request(first.pod))
     taken = cache.take_filter_hold(first.pod.key, first.pod.uid, chosen, request)
     assert taken is not None and taken.placement.gpu_indices == (0,) and not taken.held_until
@@ -229,11 +242,11 @@ def test_a_hold_no_bind_takes_over_lapses() -> None:
     cache.replace_nodes([node_info(NODES[0], [16384])])
     verbs, _ = verbs_over(cache, "binpack")
     started = time.monotonic()
-    assert verbs.filter(filter_args("first", NODES[:1], gpu_mem=16))["NodeNames"] == [NODES[0]]
-    assert verbs.filter(filter_args("second", NODES[:1], gpu_mem=16))["NodeNames"] == []
+    assert answered(verbs, filter_args("first", NODES[:1], gpu_mem=16))["NodeNames"] == [NODES[0]]
+    assert answered(verbs, filter_args("second", NODES[:1], gpu_mem=16))["NodeNames"] == []
     assert cache.release_lapsed_holds(started) == 0
     assert cache.release_lapsed_holds(started + FILTER_HOLD_S + 1) == 1
-    assert verbs.filter(filter_args("second", NODES[:1], gpu_mem=16))["NodeNames"] == [NODES[0]]
+    assert answered(verbs, filter_args("second", NODES[:1], gpu_mem=16))["NodeNames"] == [NODES[0]]
 
 
 def test_a_hold_gives_way_to_the_pod_bound_elsewhere_and_to_its_deletion() -> None:
@@ -242,11 +255,11 @@ def test_a_hold_gives_way_to_the_pod_bound_elsewhere_and_to_its_deletion() -> No
     cache.replace_nodes([node_info(name, [16384]) for name in NODES[:2]])
     verbs, _ = verbs_over(cache, "binpack")
     first = filter_args("first", NODES[:2], gpu_mem=16)
-    [chosen] = verbs.filter(first)["NodeNames"]
+    [chosen] = answered(verbs, first)["NodeNames"]
     elsewhere = NODES[1] if chosen == NODES[0] else NODES[0]
     cache.upsert_pod(gpu_pod("first", 16, node=elsewhere, gpus=(0,)))
     assert cache.reservations() == 0
-    assert verbs.filter(filter_args("second", NODES[:2], gpu_mem=16))["NodeNames"] == [chosen]
+    assert answered(verbs, filter_args("second", NODES[:2], gpu_mem=16))["NodeNames"] == [chosen]
     cache.delete_pod(gpu_pod("second", 16))
     assert cache.reservations() == 0
 
@@ -256,7 +269,7 @@ def test_a_bind_does_not_take_over_a_hold_that_a_pod_the_watch_added_overcommits
     cache.replace_nodes([node_info(NODES[0], [16384])])
     verbs, _ = verbs_over(cache, "binpack")
     first = filter_args("first", NODES[:1], gpu_mem=16)
-    assert verbs.filter(first)["NodeNames"] == [NODES[0]]
+    assert answered(verbs, first)["NodeNames"] == [NODES[0]]
     cache.upsert_pod(gpu_pod("rival", 16, node=NODES[0], gpus=(0,)))  # placed by another scheduler meanwhile
     request = cache.resolve(parse_request(first.pod))
     assert cache.take_filter_hold(first.pod.key, first.pod.uid, NODES[0], request) is None
