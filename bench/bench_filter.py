@@ -8,10 +8,11 @@ same work where little else runs. A ``ClusterCache`` holds ``--nodes`` of openb'
 as ``--fleet openb`` builds them, every GPU 1000 MiB). For each of ``--pods`` pods drawn from ``--trace`` (their
 GPU share, model rule, CPU and memory), ``Verbs.filter`` answers a window of ``--window`` node names, each window
 starting where the last one ended, as kube-scheduler's rotating start does when every node is feasible; the GPUs
-filter chose there are held, as the extender holds them once the answer is out (the hold's evaluation counted
-among filter's states, its time among the reservations'), bind's reservation takes the hold over, and the
-policies catch up, as bind does before its Binding. Two passes over the same pods, in this process, each
-choosing in filter (the extender's default: filter passes only the policy's favourite):
+filter chose there are held and the garbage collection due is made, as the extender does once the answer is out
+(the hold's evaluation counted among filter's states, its time and the collection's among the reservations'),
+bind's reservation takes the hold over, and the policies catch up, as bind does before its Binding. Two passes over
+the same pods, in this process, each choosing in filter (the extender's default: filter passes only the policy's
+favourite):
 
 * **binpack**, the baseline: a policy whose evaluation of a node is a few comparisons, so that the pass costs
   what parsing, checking fit, looking up remembered scores and answering cost;
@@ -46,7 +47,7 @@ from tabulate import tabulate
 
 from bench import openb
 from bench.bench_throughput import cluster, manifest, percentile, trace_shapes
-from extender.app import FULL_COLLECTION_AFTER
+from extender import collector
 from extender.gang import Gangs
 from extender.placement import PolicyBook, RequestCache
 from extender.verbs import Verbs
@@ -122,10 +123,8 @@ def run_pass(policy: str, nodes: int, bodies: Sequence[bytes], data: Path) -> Pa
     # As the extender does once its first list is in: the policy shown the cluster, the cache's objects out of the
     # collector's way.
     verbs.show_cluster()
-    gc.collect()
-    gc.freeze()
-    young, middle, _ = gc.get_threshold()
-    gc.set_threshold(young, middle, FULL_COLLECTION_AFTER)
+    thresholds = gc.get_threshold()
+    collector.freeze()
     filter_ms, evaluations, reserve_s, unplaced = [], [], 0.0, 0
     choices = hashlib.sha256()
     for done, body in enumerate(bodies, 1):
@@ -137,6 +136,7 @@ def run_pass(policy: str, nodes: int, bodies: Sequence[bytes], data: Path) -> Pa
         started = time.perf_counter()
         if filtered.hold is not None:  # as the extender makes it, once the answer is out
             filtered.hold()
+        collector.collect_due()  # likewise
         evaluations.append(book.evaluations - evaluated)
         passed = filtered.answer["NodeNames"] or []
         placed = None
@@ -163,6 +163,7 @@ def run_pass(policy: str, nodes: int, bodies: Sequence[bytes], data: Path) -> Pa
         if done % 1000 == 0:
             print(f"  {policy}: {done}/{len(bodies)} pods", file=sys.stderr, flush=True)
     gc.unfreeze()
+    gc.set_threshold(*thresholds)
     return Pass(policy, filter_ms, 1000 * reserve_s / len(bodies), evaluations, book.seconds, unplaced,
                 choices.hexdigest()[:12])
 

@@ -95,7 +95,7 @@ from tabulate import tabulate
 
 from bench import openb
 from bench.replay_http import advertise_in_unit, wait_for_urls
-from extender.app import FULL_COLLECTION_AFTER
+from extender.collector import FULL_COLLECTION_AFTER
 from extender.config import NodeChoice
 from gpushare.clusterspec import ClusterSpec, GPUSpec, NodeSpec
 from gpushare.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, RESOURCE_GPU_MEM, MemoryUnit

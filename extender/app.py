@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import threading
 import time
@@ -19,6 +18,7 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from extender import collector
 from extender.binder import Binder, BindOutcome
 from extender.config import ExtenderConfig, NodeChoice
 from extender.forward import FORWARDED_BY_HEADER, BindForwarder
@@ -65,14 +65,6 @@ BODY_READ_TIMEOUT_S = 10.0
 INLINE_SCORE_READS = 128
 # Past the budget, the answer goes out after this margin even if a bind's thread is still stuck in a call.
 ANSWER_MARGIN_S = 0.5
-# Collections of the middle generation between two full ones, once the first list is frozen (CPython's default is
-# 10). Binds replace the cache's node states, so the objects made since the freeze soon number as many as those
-# frozen: at 5,000 nodes under kube-scheduler's pace a full collection came every 4-6 s, walked them all for 66-94 ms
-# with every filter and bind waiting, and freed next to nothing (the cache's objects hold no cycles and go by
-# reference counting). At 1,000 one comes every few minutes under that load, still in time for the rare cycle that
-# outlives two young collections.
-FULL_COLLECTION_AFTER = 1000
-
 
 class _BodyError(Exception):
     def __init__(self, status: int, sentence: str) -> None:
@@ -112,7 +104,7 @@ def _json(data: Any, status: int = 200) -> Response:
 
 async def _freeze_when_synced(watch: ClusterWatch, verbs: Verbs, frozen: asyncio.Event) -> None:
     """Show the default policy the cluster listed, exempt the first list's objects from the cyclic garbage
-    collector, make full collections rare, then set ``frozen``.
+    collector and leave its collections to the moments after answers (``collector``), then set ``frozen``.
 
     At thousands of nodes the cache holds hundreds of thousands of long-lived objects; every full
     collection would walk them all, a pause of many milliseconds in the middle of some filter request.
@@ -125,10 +117,7 @@ async def _freeze_when_synced(watch: ClusterWatch, verbs: Verbs, frozen: asyncio
         await run_in_threadpool(verbs.show_cluster)  # off the event loop, which keeps answering /healthz
     except Exception:  # never a reason not to become ready: the first GPU pod's filter shows it the cluster instead
         log.exception("showing the default policy the cluster failed; the first GPU pod's filter will do it")
-    gc.collect()
-    gc.freeze()
-    young, middle, _ = gc.get_threshold()
-    gc.set_threshold(young, middle, FULL_COLLECTION_AFTER)
+    collector.freeze()
     frozen.set()
 
 
@@ -148,14 +137,17 @@ async def _sweep(cache: ClusterCache, gangs: Gangs, metrics: ExtenderMetrics) ->
             log.exception("giving back lapsed holds or timed-out gang plans failed")
 
 
-async def _hold_now(hold: Callable[[], None]) -> None:
-    """Make filter's hold (``Filtered.hold``) on the event loop once its answer is written: with no await in between,
-    no other request is read first, and kube-scheduler sends the pod's bind, and the next pod's filter, only once it
-    has the answer. A hold not made leaves the bind to reserve afresh, as without one."""
-    try:
-        hold()
-    except Exception:
-        log.exception("holding the GPUs filter chose for a pod failed; its bind will reserve them afresh")
+async def _after_answer(hold: Callable[[], None] | None = None) -> None:
+    """On the event loop once an answer of kube-scheduler's serial cycle is written: filter's hold (``Filtered.hold``),
+    then the garbage collection due (``collector.collect_due``). With no await in between, no other request is read
+    first, and kube-scheduler sends the pod's bind, and the next pod's filter, only once it has the answer. A hold not
+    made leaves the bind to reserve afresh, as without one."""
+    if hold is not None:
+        try:
+            hold()
+        except Exception:
+            log.exception("holding the GPUs filter chose for a pod failed; its bind will reserve them afresh")
+    collector.collect_due()
 
 
 def _passed(result: dict[str, Any]) -> list[str]:
@@ -315,8 +307,7 @@ def create_app(config: ExtenderConfig, kube: Kube, tls: ServerTLS | None = None)
             ledger.record(args.pod.uid or args.pod.key, _passed(filtered.answer))
             metrics.filtered(args.pod.uid)
             response = _json(filtered.answer)
-            if filtered.hold is not None:
-                response.background = BackgroundTask(_hold_now, filtered.hold)
+            response.background = BackgroundTask(_after_answer, filtered.hold)
             metrics.count("filter", 200)
             return response
 
@@ -330,7 +321,8 @@ def create_app(config: ExtenderConfig, kube: Kube, tls: ServerTLS | None = None)
                 scores = verbs.prioritize(args, INLINE_SCORE_READS)
                 if scores is None:
                     scores = await run_in_threadpool(verbs.prioritize, args)
-                response = Response(host_priority_list(scores), media_type="application/json")
+                response = Response(host_priority_list(scores), media_type="application/json",
+                                    background=BackgroundTask(_after_answer))
             except (BadRequest, _BodyError) as exc:
                 return bad_request("prioritize", exc)
             metrics.count("prioritize", 200)

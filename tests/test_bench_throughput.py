@@ -28,7 +28,7 @@ from bench.bench_throughput import (
     thread_wait_s,
     trace_shapes,
 )
-from extender.app import FULL_COLLECTION_AFTER
+from extender.collector import FULL_COLLECTION_AFTER
 from gpushare.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, RESOURCE_GPU_MEM
 
 HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
