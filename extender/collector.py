@@ -6,9 +6,9 @@ thread that makes the 700th: on the event loop in the middle of a filter, or in 
 filter waits for the interpreter's lock. Every tenth collection is a middle one, which walks what the policies' memos
 made since (0.8-2 ms). kube-scheduler sends the next pod's filter only once it has run its own plugins for that pod,
 so a collection made as soon as an answer is written (``collect_due``) overlaps that work instead of adding to the
-answer. The pace of collections is CPython's own; only
-their moment moves. CPython's trigger stays, ``BACKSTOP`` times later, for an extender that answers nothing while its
-threads make objects (the watch of a busy cluster between GPU pods).
+answer. The pace of collections is CPython's own; only their moment moves. CPython's trigger stays, ``BACKSTOP``
+times later, for an extender that answers nothing while its threads make objects (the watch of a busy cluster between
+GPU pods).
 """
 
 from __future__ import annotations

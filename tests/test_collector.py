@@ -42,7 +42,7 @@ def test_cpython_collects_by_itself_only_far_past_its_default_young_threshold(co
                                   collector.FULL_COLLECTION_AFTER)
     gc.collect(0)
     collections.clear()
-    kept = young_objects(5 * collector.YOUNG)  # seven collections' worth under CPython's default
+    kept = young_objects(5 * collector.YOUNG)  # five collections' worth under CPython's default
     assert collections == []
     kept += young_objects(collector.BACKSTOP * collector.YOUNG)
     assert collections == [0]
