@@ -3,6 +3,7 @@ rendered, and a check that the tests leave nothing behind in the temp directory.
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import subprocess
@@ -11,12 +12,29 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import pytest
 
 from gpushare.clusterspec import ClusterSpec
 from gpushare.localcluster import LocalCluster
+
+
+@contextmanager
+def gc_collections() -> Iterator[list[int]]:
+    """The generations CPython collects while the block runs, in order (``gc.callbacks``)."""
+    seen: list[int] = []
+
+    def record(phase: str, info: dict[str, Any]) -> None:
+        if phase == "stop":
+            seen.append(info["generation"])
+
+    gc.callbacks.append(record)
+    try:
+        yield seen
+    finally:
+        gc.callbacks.remove(record)
 
 
 def cluster_spec(nodes: int = 2, gpus: int = 2, memory_mib: int = 16160, model: str = "Tesla-V100-SXM2-16GB",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
+from conftest import gc_collections
 
 from extender import collector
 
@@ -16,18 +16,11 @@ def collections() -> Iterator[list[int]]:
     """The generations collected during the test, under the thresholds the extender sets once it is ready; the
     process's own thresholds, and its objects' place in the collector, come back after."""
     thresholds = gc.get_threshold()
-    seen: list[int] = []
-
-    def record(phase: str, info: dict[str, Any]) -> None:
-        if phase == "stop":
-            seen.append(info["generation"])
-
     collector.freeze()
-    gc.callbacks.append(record)
     try:
-        yield seen
+        with gc_collections() as seen:
+            yield seen
     finally:
-        gc.callbacks.remove(record)
         gc.unfreeze()
         gc.set_threshold(*thresholds)
 

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from conftest import gc_collections
 from kubernetes import client
 from test_extender_harness import (
     T4,
@@ -523,14 +524,7 @@ def test_filter_and_prioritize_make_the_garbage_collection_due_once_they_have_an
     serial cycle waits for none of it when the extender makes the one due after its answer, not CPython in the middle
     of the next filter."""
     pod = create_pod(env.core, pod_body("p", 5))
-    collected: list[int] = []
-
-    def record(phase: str, info: dict[str, Any]) -> None:
-        if phase == "stop":
-            collected.append(info["generation"])
-
-    gc.callbacks.append(record)
-    try:
+    with gc_collections() as collected:
         for verb in ("filter", "prioritize"):
             gc.collect(0)
             collected.clear()
@@ -540,8 +534,6 @@ def test_filter_and_prioritize_make_the_garbage_collection_due_once_they_have_an
             assert env.post(verb, {"Pod": pod, "NodeNames": ["mixed", "t4x2"]}).status_code == 200
             wait_for(lambda: bool(collected), f"the collection due after {verb}'s answer")
             del kept
-    finally:
-        gc.callbacks.remove(record)
 
 
 def test_the_unit_flag_never_overrides_the_unit_a_node_publishes(cluster: LocalCluster) -> None:
