@@ -1,5 +1,6 @@
 """Shared fixtures: a running local cluster, a helper to describe one, short socket folders, the chart as
-rendered, and a check that the tests leave nothing behind in the temp directory."""
+rendered, the garbage collections a block of a test sees, and a check that the tests leave nothing behind in the
+temp directory."""
 
 from __future__ import annotations
 
